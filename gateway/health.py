@@ -1,0 +1,53 @@
+"""Liveness and readiness endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from litestar import Response, get
+from litestar.datastructures import State
+from sqlalchemy import text
+
+from gateway.services import Services
+
+
+@get("/healthz", tags=["health"], summary="Process is alive")
+async def healthz() -> dict[str, str]:
+    """Liveness: the process answers."""
+    return {"status": "ok"}
+
+
+@get("/readyz", tags=["health"], summary="Dependencies are reachable")
+async def readyz(state: State) -> Response[dict[str, Any]]:
+    """Readiness: the database answers, Redis too when configured, plus package checks."""
+    services: Services = state.services
+    checks: dict[str, Any] = {}
+    ready = True
+
+    async def database() -> tuple[bool, dict[str, Any]]:
+        async with services.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+        return True, {}
+
+    async def redis() -> tuple[bool, dict[str, Any]]:
+        assert services.redis is not None
+        await services.redis.ping()
+        return True, {}
+
+    probes = {"database": database, **({"redis": redis} if services.redis is not None else {})}
+    probes.update(services.readiness)
+    for name, probe in probes.items():
+        try:
+            ok, details = await asyncio.wait_for(probe(), timeout=3.0)
+        except Exception as exc:
+            ok, details = False, {"error": type(exc).__name__}
+        checks[name] = {"ok": ok, **details}
+        # Package checks may report a degraded-but-serving state (e.g. an open breaker) with
+        # "critical": False; only critical failures make the process unready.
+        if not ok and details.get("critical", True):
+            ready = False
+    if services.redis is None:
+        checks["redis"] = {"ok": True, "configured": False}
+    status = 200 if ready else 503
+    return Response({"status": "ready" if ready else "unready", "checks": checks}, status_code=status)

@@ -1,0 +1,92 @@
+"""API keys: creation (the secret is shown once), listing, revocation and look-up by hash."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gateway.models import ApiKey
+from suppression.db import utcnow
+
+SCOPES = ("send", "read", "admin", "export")
+KEY_PREFIX = "gw_"
+
+
+class UnknownScopeError(ValueError):
+    """A scope that is not one of SCOPES."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The authenticated caller: which key, with which scopes."""
+
+    key_id: uuid.UUID
+    name: str
+    scopes: frozenset[str]
+
+    def allows(self, scope: str) -> bool:
+        """`admin` implies every other scope."""
+        return scope in self.scopes or "admin" in self.scopes
+
+
+def hash_secret(secret: str) -> str:
+    """Keys are 256-bit random, so a plain SHA-256 is a sufficient one-way look-up hash."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def parse_scopes(raw: str | Iterable[str]) -> list[str]:
+    """Validate a comma separated (or listed) set of scopes; keep their canonical order."""
+    items = [s.strip() for s in (raw.split(",") if isinstance(raw, str) else raw) if s.strip()]
+    unknown = sorted(set(items) - set(SCOPES))
+    if unknown or not items:
+        raise UnknownScopeError(
+            f"unknown scope(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(SCOPES)}"
+        )
+    return [s for s in SCOPES if s in items]
+
+
+async def create_key(
+    session: AsyncSession, scopes: Sequence[str], name: str = ""
+) -> tuple[ApiKey, str]:
+    """Create a key; returns the row and the secret, which is never stored or shown again."""
+    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    row = ApiKey(name=name, secret_hash=hash_secret(secret), scopes=list(parse_scopes(scopes)))
+    session.add(row)
+    await session.flush()
+    return row, secret
+
+
+async def list_keys(session: AsyncSession) -> list[ApiKey]:
+    """All keys, oldest first (revoked ones included, marked)."""
+    return list((await session.scalars(select(ApiKey).order_by(ApiKey.created_at))).all())
+
+
+async def revoke_key(session: AsyncSession, key_id: uuid.UUID) -> bool:
+    """Revoke a key; False when no active key has that id."""
+    result = await session.execute(
+        update(ApiKey)
+        .where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
+        .values(revoked_at=utcnow())
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def authenticate(session: AsyncSession, secret: str) -> Principal | None:
+    """The principal for a presented secret, or None when unknown or revoked."""
+    row = await session.scalar(
+        select(ApiKey).where(ApiKey.secret_hash == hash_secret(secret), ApiKey.revoked_at.is_(None))
+    )
+    if row is None:
+        return None
+    return Principal(key_id=row.id, name=row.name, scopes=frozenset(row.scopes))
+
+
+async def has_any_key(session: AsyncSession) -> bool:
+    """True once any key exists (used to print an admin key at first start only)."""
+    return (await session.scalar(select(ApiKey.id).limit(1))) is not None

@@ -1,0 +1,256 @@
+"""Settings, read once from the environment and validated at start.
+
+Every setting is named after its environment variable. A bad value raises `SettingsError`
+naming the variable; the CLI turns that into one line on stderr and exit status 2.
+Each package keeps a plain dataclass of its own knobs; this module is the one place that
+reads the environment and fills them in.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+from cryptography.fernet import Fernet
+
+T = TypeVar("T")
+
+
+class SettingsError(ValueError):
+    """A setting is missing or invalid; `name` is the environment variable."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__(f"{name}: {problem}")
+        self.name = name
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    """Retry, worker, rate-limit and breaker knobs (consumed by the `retry` package)."""
+
+    base_seconds: float = 2.0
+    max_seconds: float = 600.0
+    max_attempts: int = 6
+    feedback_base_seconds: float = 1800.0
+    worker_enabled: bool = True
+    worker_poll_seconds: float = 1.0
+    worker_batch: int = 50
+    unknown_settle_seconds: float = 300.0
+    stale_in_progress_seconds: float = 120.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All gateway settings. `database_url=None` means the embedded PostgreSQL in `data_dir`."""
+
+    database_url: str | None = None
+    redis_url: str | None = None
+    redis_prefix: str = "gw:"
+    data_dir: Path = Path(".gateway")
+    public_url: str = "http://127.0.0.1:8000"
+    email_provider: str = "sandbox"
+    sms_provider: str = "sandbox"
+    email_from: str = "gateway@example.com"
+    sms_from: str | None = None
+    twilio_messaging_service_sid: str | None = None
+    ses_configuration_set: str | None = None
+    sns_topic_arns: tuple[str, ...] = ()
+    twilio_account_sid: str | None = None
+    # Several tokens may be valid at once (rotation); the first one is used to send.
+    twilio_auth_tokens: tuple[str, ...] = ()
+    # Per-subaccount tokens: AccountSid -> tokens.
+    twilio_subaccount_tokens: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    twilio_api_base: str | None = None
+    secret_keys: tuple[str, ...] = ()
+    hash_key: bytes = b""
+    development_secrets: bool = False
+    max_body_bytes: int = 1024 * 1024
+    default_region: str = "US"
+    sns_max_age_seconds: float = 3600.0
+    log_level: str = "INFO"
+    retry: RetrySettings = field(default_factory=RetrySettings)
+
+    @property
+    def embedded_database(self) -> bool:
+        """True when no DATABASE_URL is set and the embedded PostgreSQL is used."""
+        return self.database_url is None
+
+
+def _str(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    if value is None:
+        return None
+    value = value.strip()
+    return value or None
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = _str(env, name) or default
+    if value not in choices:
+        raise SettingsError(name, f"must be one of {', '.join(choices)} (got {value!r})")
+    return value
+
+
+def _number(env: Mapping[str, str], name: str, default: T, kind: type[T], minimum: float) -> T:
+    raw = _str(env, name)
+    if raw is None:
+        return default
+    try:
+        value = kind(raw)  # type: ignore[call-arg]
+    except ValueError:
+        raise SettingsError(name, f"must be a {kind.__name__} (got {raw!r})") from None
+    if value < minimum:  # type: ignore[operator]
+        raise SettingsError(name, f"must be at least {minimum} (got {raw!r})")
+    return value
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = _str(env, name)
+    if raw is None:
+        return default
+    lowered = raw.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(name, f"must be true or false (got {raw!r})")
+
+
+def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    raw = _str(env, name) or ""
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _url(env: Mapping[str, str], name: str, schemes: tuple[str, ...]) -> str | None:
+    value = _str(env, name)
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in schemes or not (parts.netloc or parts.path):
+        raise SettingsError(name, f"must be a URL with scheme {' or '.join(schemes)}")
+    return value
+
+
+def _fernet_keys(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    keys = _list(env, name)
+    for key in keys:
+        try:
+            Fernet(key)
+        except (ValueError, binascii.Error):
+            raise SettingsError(name, "each key must be a urlsafe-base64 32-byte Fernet key") from None
+    return keys
+
+
+def _hash_key(env: Mapping[str, str], name: str) -> bytes:
+    raw = _str(env, name)
+    if raw is None:
+        return b""
+    try:
+        key = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
+    except (ValueError, binascii.Error):
+        raise SettingsError(name, "must be urlsafe base64 of at least 32 bytes") from None
+    if len(key) < 32:
+        raise SettingsError(name, "must be urlsafe base64 of at least 32 bytes")
+    return key
+
+
+def _subaccount_tokens(env: Mapping[str, str], name: str) -> dict[str, tuple[str, ...]]:
+    # Format: "ACxxx=token1|token2,ACyyy=token3"
+    result: dict[str, tuple[str, ...]] = {}
+    for item in _list(env, name):
+        sid, sep, tokens = item.partition("=")
+        if not sep or not sid.startswith("AC") or not tokens:
+            raise SettingsError(name, "must look like ACsid=token1|token2,ACsid2=token3")
+        result[sid] = tuple(t for t in tokens.split("|") if t)
+    return result
+
+
+def _retry(env: Mapping[str, str]) -> RetrySettings:
+    d = RetrySettings()
+    return RetrySettings(
+        base_seconds=_number(env, "GATEWAY_RETRY_BASE_SECONDS", d.base_seconds, float, 0.0),
+        max_seconds=_number(env, "GATEWAY_RETRY_MAX_SECONDS", d.max_seconds, float, 0.0),
+        max_attempts=_number(env, "GATEWAY_RETRY_MAX_ATTEMPTS", d.max_attempts, int, 1),
+        feedback_base_seconds=_number(
+            env, "GATEWAY_RETRY_FEEDBACK_BASE_SECONDS", d.feedback_base_seconds, float, 0.0
+        ),
+        worker_enabled=_bool(env, "GATEWAY_WORKER_ENABLED", d.worker_enabled),
+        worker_poll_seconds=_number(
+            env, "GATEWAY_WORKER_POLL_SECONDS", d.worker_poll_seconds, float, 0.01
+        ),
+        worker_batch=_number(env, "GATEWAY_WORKER_BATCH", d.worker_batch, int, 1),
+        unknown_settle_seconds=_number(
+            env, "GATEWAY_UNKNOWN_SETTLE_SECONDS", d.unknown_settle_seconds, float, 0.0
+        ),
+        stale_in_progress_seconds=_number(
+            env, "GATEWAY_STALE_IN_PROGRESS_SECONDS", d.stale_in_progress_seconds, float, 0.0
+        ),
+    )
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Read and validate every setting from `env` (default: the process environment)."""
+    env = os.environ if env is None else env
+    email_provider = _choice(env, "GATEWAY_EMAIL_PROVIDER", "sandbox", ("ses", "sandbox"))
+    sms_provider = _choice(env, "GATEWAY_SMS_PROVIDER", "sandbox", ("twilio", "sandbox"))
+    settings = Settings(
+        database_url=_url(
+            env, "DATABASE_URL", ("postgresql", "postgres", "postgresql+asyncpg")
+        ),
+        redis_url=_url(env, "REDIS_URL", ("redis", "rediss", "unix")),
+        redis_prefix=_str(env, "GATEWAY_REDIS_PREFIX") or "gw:",
+        data_dir=Path(_str(env, "GATEWAY_DATA_DIR") or ".gateway"),
+        public_url=(
+            _url(env, "GATEWAY_PUBLIC_URL", ("http", "https")) or "http://127.0.0.1:8000"
+        ).rstrip("/"),
+        email_provider=email_provider,
+        sms_provider=sms_provider,
+        email_from=_str(env, "GATEWAY_EMAIL_FROM") or "gateway@example.com",
+        sms_from=_str(env, "GATEWAY_SMS_FROM"),
+        twilio_messaging_service_sid=_str(env, "GATEWAY_TWILIO_MESSAGING_SERVICE_SID"),
+        ses_configuration_set=_str(env, "GATEWAY_SES_CONFIGURATION_SET"),
+        sns_topic_arns=_list(env, "GATEWAY_SNS_TOPIC_ARNS"),
+        twilio_account_sid=_str(env, "GATEWAY_TWILIO_ACCOUNT_SID"),
+        twilio_auth_tokens=_list(env, "GATEWAY_TWILIO_AUTH_TOKEN"),
+        twilio_subaccount_tokens=_subaccount_tokens(env, "GATEWAY_TWILIO_SUBACCOUNT_TOKENS"),
+        twilio_api_base=_url(env, "GATEWAY_TWILIO_API_BASE", ("http", "https")),
+        secret_keys=_fernet_keys(env, "GATEWAY_SECRET_KEYS"),
+        hash_key=_hash_key(env, "GATEWAY_HASH_KEY"),
+        max_body_bytes=_number(env, "GATEWAY_MAX_BODY_BYTES", 1024 * 1024, int, 1024),
+        default_region=(_str(env, "GATEWAY_DEFAULT_REGION") or "US").upper(),
+        sns_max_age_seconds=_number(env, "GATEWAY_SNS_MAX_AGE_SECONDS", 3600.0, float, 1.0),
+        log_level=_choice(
+            env, "GATEWAY_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR")
+        ),
+        retry=_retry(env),
+    )
+    _check_consistency(settings, env)
+    return settings
+
+
+def _check_consistency(s: Settings, env: Mapping[str, str]) -> None:
+    if s.email_provider == "ses" and not (_str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION")):
+        # boto3 cannot pick an endpoint without a region; say so at start, not at first send.
+        raise SettingsError("AWS_REGION", "is required when GATEWAY_EMAIL_PROVIDER=ses")
+    if s.sms_provider == "twilio":
+        if not s.twilio_account_sid:
+            raise SettingsError("GATEWAY_TWILIO_ACCOUNT_SID", "is required when GATEWAY_SMS_PROVIDER=twilio")
+        if not s.twilio_auth_tokens:
+            raise SettingsError("GATEWAY_TWILIO_AUTH_TOKEN", "is required when GATEWAY_SMS_PROVIDER=twilio")
+        if not (s.sms_from or s.twilio_messaging_service_sid):
+            raise SettingsError(
+                "GATEWAY_SMS_FROM",
+                "or GATEWAY_TWILIO_MESSAGING_SERVICE_SID is required when GATEWAY_SMS_PROVIDER=twilio",
+            )
+    if not s.embedded_database and (not s.secret_keys or not s.hash_key):
+        # Development secrets are generated only for the embedded default; a real deployment
+        # must bring its own so that several processes share them.
+        missing = "GATEWAY_SECRET_KEYS" if not s.secret_keys else "GATEWAY_HASH_KEY"
+        raise SettingsError(missing, "is required when DATABASE_URL is set")

@@ -1,0 +1,131 @@
+"""Tables of the delivery log: upstream messages, their deliveries and provider attempts."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from sqlalchemy import (
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from suppression.db import Base, new_id, utcnow
+
+
+class Message(Base):
+    """One upstream send request, unique per (client, Idempotency-Key)."""
+
+    __tablename__ = "messages"
+    __table_args__ = (
+        UniqueConstraint("client_id", "idempotency_key", name="uq_messages_client_idempotency_key"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    client_id: Mapped[uuid.UUID] = mapped_column()
+    idempotency_key: Mapped[str] = mapped_column(Text)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    # `in_progress` while the first request runs (a duplicate then gets 409), then `completed`.
+    state: Mapped[str] = mapped_column(String(16), default="in_progress")
+    channel: Mapped[str] = mapped_column(String(16))
+    category: Mapped[str] = mapped_column(String(16), default="transactional")
+    topic: Mapped[str | None] = mapped_column(String(128))
+    priority: Mapped[str] = mapped_column(String(8), default="normal")
+    expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    # Content without recipients (they live encrypted on the deliveries).
+    content_encrypted: Mapped[str | None] = mapped_column(Text)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB, default=dict)
+    response_code: Mapped[int | None] = mapped_column(SmallInteger)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    completed_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Delivery(Base):
+    """One (message, channel, recipient): the unit that is sent, retried and tracked."""
+
+    __tablename__ = "deliveries"
+    __table_args__ = (
+        # Serves the retry worker: due rows only, highest priority first, then oldest due time.
+        Index(
+            "ix_deliveries_due",
+            text("priority_rank DESC"),
+            "next_attempt_at",
+            postgresql_where=text("next_attempt_at IS NOT NULL"),
+        ),
+        Index("ix_deliveries_recipient_hash", "channel", "recipient_hash"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    message_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("messages.id", ondelete="CASCADE"), index=True
+    )
+    channel: Mapped[str] = mapped_column(String(16))
+    recipient_hash: Mapped[str] = mapped_column(String(64))
+    # Fernet ciphertext of the normalized recipient; NULL after erasure.
+    recipient_encrypted: Mapped[str | None] = mapped_column(Text)
+    derived_key: Mapped[str] = mapped_column(String(64), unique=True)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    reason: Mapped[str | None] = mapped_column(Text)
+    provider: Mapped[str | None] = mapped_column(String(32))
+    provider_message_id: Mapped[str | None] = mapped_column(Text, unique=True)
+    category: Mapped[str] = mapped_column(String(16), default="transactional")
+    topic: Mapped[str | None] = mapped_column(String(128))
+    # 2 = high, 1 = normal, 0 = low; the retry worker orders by it.
+    priority_rank: Mapped[int] = mapped_column(SmallInteger, default=1)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Set while the delivery waits for the worker (retry, deferral, unknown-outcome settle).
+    next_attempt_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    suppression_id: Mapped[uuid.UUID | None] = mapped_column()
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, onupdate=utcnow
+    )
+
+
+class Attempt(Base):
+    """One provider call, written `in_progress` and committed before the call is made."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (
+        # At most one provider call in flight per delivery.
+        Index(
+            "uq_attempts_one_in_progress",
+            "delivery_id",
+            unique=True,
+            postgresql_where=text("status = 'in_progress'"),
+        ),
+        UniqueConstraint("delivery_id", "number", name="uq_attempts_delivery_number"),
+        Index(
+            "ix_attempts_in_progress_started",
+            "started_at",
+            postgresql_where=text("status = 'in_progress'"),
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    delivery_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("deliveries.id", ondelete="CASCADE"), index=True
+    )
+    number: Mapped[int] = mapped_column(Integer)
+    # in_progress | accepted | transient | failed | unknown | deferred
+    status: Mapped[str] = mapped_column(String(16), default="in_progress")
+    provider: Mapped[str] = mapped_column(String(32))
+    provider_message_id: Mapped[str | None] = mapped_column(Text, unique=True)
+    # The provider-side state of this attempt (advance-only, see webhooks.state).
+    provider_status: Mapped[str | None] = mapped_column(String(16))
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))

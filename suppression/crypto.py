@@ -1,0 +1,45 @@
+"""Addresses at rest: a keyed hash for look-ups and MultiFernet ciphertext for display.
+
+The hash is HMAC-SHA256 over the normalized address with a server secret, so the same
+person always maps to the same row while the table alone reveals nothing. The ciphertext
+uses MultiFernet: the first key encrypts, every key decrypts, so keys can rotate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+
+__all__ = ["AddressProtector", "InvalidToken"]
+
+
+class AddressProtector:
+    """Hashes and encrypts normalized addresses (and other small personal payloads)."""
+
+    def __init__(self, hash_key: bytes, fernet_keys: Sequence[str]) -> None:
+        if len(hash_key) < 32:
+            raise ValueError("hash key must be at least 32 bytes")
+        if not fernet_keys:
+            raise ValueError("at least one Fernet key is required")
+        self._hash_key = hash_key
+        self._fernet = MultiFernet([Fernet(k) for k in fernet_keys])
+
+    def hash(self, channel: str, normalized_address: str) -> str:
+        """Keyed hash of a normalized address, scoped by channel (hex, 64 chars)."""
+        msg = f"{channel}\x00{normalized_address}".encode()
+        return hmac.new(self._hash_key, msg, hashlib.sha256).hexdigest()
+
+    def encrypt(self, plaintext: str) -> str:
+        """Encrypt with the newest key."""
+        return self._fernet.encrypt(plaintext.encode()).decode("ascii")
+
+    def decrypt(self, token: str, ttl: int | None = None) -> str:
+        """Decrypt with any configured key; raises `InvalidToken` when none fits."""
+        return self._fernet.decrypt(token.encode("ascii"), ttl=ttl).decode()
+
+    def rotate(self, token: str) -> str:
+        """Re-encrypt a ciphertext with the newest key."""
+        return self._fernet.rotate(token.encode("ascii")).decode("ascii")
