@@ -1,0 +1,71 @@
+"""Operator API for API keys (scope `admin`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+
+from litestar import Controller, delete, get, post
+from litestar.exceptions import HTTPException, NotFoundException
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gateway.keys import UnknownScopeError, create_key, list_keys, parse_scopes, revoke_key
+
+
+@dataclass
+class KeyCreate:
+    """Request body of `POST /v1/keys`."""
+
+    scopes: list[str]
+    name: str = ""
+
+
+@dataclass
+class KeyView:
+    """An API key as operators see it (never the secret)."""
+
+    id: uuid.UUID
+    name: str
+    scopes: list[str]
+    created_at: dt.datetime
+    revoked_at: dt.datetime | None
+
+
+@dataclass
+class KeyCreated(KeyView):
+    """The one response that carries the secret."""
+
+    secret: str = ""
+
+
+class KeysController(Controller):
+    """Create, list and revoke API keys."""
+
+    path = "/v1/keys"
+    tags = ["keys"]
+    opt = {"scope": "admin"}
+
+    @post("/", summary="Create an API key (the secret is returned once)")
+    async def create(self, data: KeyCreate, db_session: AsyncSession) -> KeyCreated:
+        """Create a key with the given scopes."""
+        try:
+            scopes = parse_scopes(data.scopes)
+        except UnknownScopeError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
+        row, secret = await create_key(db_session, scopes, name=data.name)
+        await db_session.commit()
+        return KeyCreated(row.id, row.name, row.scopes, row.created_at, row.revoked_at, secret)
+
+    @get("/", summary="List API keys")
+    async def list(self, db_session: AsyncSession) -> list[KeyView]:
+        """Every key, revoked ones included."""
+        rows = await list_keys(db_session)
+        return [KeyView(r.id, r.name, r.scopes, r.created_at, r.revoked_at) for r in rows]
+
+    @delete("/{key_id:uuid}", summary="Revoke an API key")
+    async def revoke(self, key_id: uuid.UUID, db_session: AsyncSession) -> None:
+        """Revoke a key; 404 when no active key has that id."""
+        if not await revoke_key(db_session, key_id):
+            raise NotFoundException(f"No active key {key_id}.")
+        await db_session.commit()
