@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from alembic import context
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.pool import NullPool
 
@@ -27,6 +28,8 @@ def _run(connection: Connection) -> None:
         compare_server_default=True,
     )
     with context.begin_transaction():
+        # Several gateway processes may start at once; one migrates, the others wait here.
+        connection.execute(text("SELECT pg_advisory_xact_lock(7365021)"))
         context.run_migrations()
 
 

@@ -122,7 +122,7 @@ TEST_FERNET_KEYS = (Fernet.generate_key().decode(), Fernet.generate_key().decode
 TEST_HASH_KEY = secrets.token_bytes(32)
 
 
-def test_env(database_url: str, redis_url: str | None = None, **extra: str) -> dict[str, str]:
+def gateway_env(database_url: str, redis_url: str | None = None, **extra: str) -> dict[str, str]:
     """Environment variables for a gateway subprocess pointed at the test servers."""
     env = {
         "DATABASE_URL": database_url,

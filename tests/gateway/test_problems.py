@@ -1,0 +1,82 @@
+"""Every error response is an RFC 9457 problem document; oversized bodies get 413."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import httpx
+
+from gateway.services import build_services
+from gateway.app import create_app
+from gateway.settings import Settings
+from tests.conftest import bearer, replace_settings
+
+
+async def test_unknown_route_is_404_problem(client: httpx.AsyncClient) -> None:
+    response = await client.get("/no/such/thing")
+    assert response.status_code == 404
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert response.json()["status"] == 404
+
+
+async def test_wrong_method_is_405_problem(client: httpx.AsyncClient) -> None:
+    response = await client.put("/healthz")
+    assert response.status_code == 405
+    assert response.headers["content-type"].startswith("application/problem+json")
+
+
+async def test_malformed_json_is_400_problem(
+    client: httpx.AsyncClient, make_key: Callable[..., Awaitable[str]]
+) -> None:
+    admin = await make_key("admin")
+    response = await client.post(
+        "/v1/keys",
+        content=b"{not json",
+        headers={**bearer(admin), "content-type": "application/json"},
+    )
+    assert response.status_code == 400
+    body = response.json()
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert body["status"] == 400 and body["type"] != "urn:problem:internal"
+
+
+async def test_body_over_the_limit_is_413(settings: Settings, make_key: Callable[..., Awaitable[str]]) -> None:
+    small = replace_settings(settings, max_body_bytes=2048)
+    assert small.database_url is not None
+    services = build_services(small, small.database_url)
+    try:
+        app = create_app(services)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="https://gateway.test") as c:
+            admin = await make_key("admin")
+            big = b'{"scopes": ["read"], "name": "' + b"x" * 4096 + b'"}'
+            response = await c.post(
+                "/v1/keys", content=big, headers={**bearer(admin), "content-type": "application/json"}
+            )
+            assert response.status_code == 413
+            assert response.headers["content-type"].startswith("application/problem+json")
+            ok = await c.post("/v1/keys", json={"scopes": ["read"]}, headers=bearer(admin))
+            assert ok.status_code == 201
+    finally:
+        await services.close()
+
+
+async def test_readyz_reports_database_and_redis(client: httpx.AsyncClient) -> None:
+    response = await client.get("/readyz")
+    assert response.status_code == 200
+    checks = response.json()["checks"]
+    assert checks["database"]["ok"] and checks["redis"]["ok"]
+
+
+async def test_readyz_is_503_when_the_database_is_unreachable(settings: Settings) -> None:
+    broken = replace_settings(settings)
+    services = build_services(broken, "postgresql://postgres@127.0.0.1:1/nowhere")
+    try:
+        transport = httpx.ASGITransport(app=create_app(services))
+        async with httpx.AsyncClient(transport=transport, base_url="https://gateway.test") as c:
+            response = await c.get("/readyz")
+            assert response.status_code == 503
+            assert response.json()["checks"]["database"]["ok"] is False
+            assert (await c.get("/healthz")).status_code == 200
+    finally:
+        await services.close()
