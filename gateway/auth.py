@@ -16,7 +16,9 @@ from gateway.keys import Principal, authenticate
 from gateway.services import Services
 
 
-async def api_key_guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+async def api_key_guard(
+    connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
+) -> None:
     """Authenticate the bearer key and check the scope the handler requires."""
     scope = handler.opt.get("scope")
     if scope is None:

@@ -7,9 +7,13 @@ import asyncio
 import logging
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from gateway.settings import Settings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from gateway.services import Services
 
 log = logging.getLogger("gateway")
 
@@ -35,34 +39,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.runtime import ensure_first_admin_key, prepare, services_for
+    from gateway.runtime import prepare, services_for
 
     settings = _settings()
     _logging(settings)
     prepared = prepare(settings)
     services = services_for(prepared)
     if prepared.settings.embedded_database:
-        # The first start of the embedded default prints an admin key, once.
-        secret = asyncio.run(_first_key(services, ensure_first_admin_key))
-        if secret:
-            print(f"Admin API key (shown once, keep it): {secret}", flush=True)
+        asyncio.run(_print_first_admin_key(services))
     app = create_app(services, background=_background(prepared.settings))
     uvicorn.run(app, host=args.host, port=args.port, log_level=settings.log_level.lower())
     return 0
 
 
-async def _first_key(services: object, fn: object) -> str | None:
-    from gateway.services import Services
+async def _print_first_admin_key(services: Services) -> None:
+    """The first start of the embedded default prints an admin key, once."""
+    from gateway.runtime import ensure_first_admin_key
 
-    assert isinstance(services, Services)
     try:
-        result: str | None = await fn(services)  # type: ignore[operator]
-        return result
+        secret = await ensure_first_admin_key(services)
     finally:
+        # The pool belongs to this short-lived loop; uvicorn runs the app on another one.
         await services.engine.dispose()
+    if secret:
+        print(f"Admin API key (shown once, keep it): {secret}", flush=True)
 
 
-def _background(settings: Settings) -> list[object]:
+def _background(settings: Settings) -> list[Callable[[Services], Awaitable[None]]]:
     from gateway.worker import background_tasks
 
     return list(background_tasks(settings, in_server=True))

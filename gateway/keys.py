@@ -45,9 +45,8 @@ def parse_scopes(raw: str | Iterable[str]) -> list[str]:
     items = [s.strip() for s in (raw.split(",") if isinstance(raw, str) else raw) if s.strip()]
     unknown = sorted(set(items) - set(SCOPES))
     if unknown or not items:
-        raise UnknownScopeError(
-            f"unknown scope(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(SCOPES)}"
-        )
+        given = ", ".join(unknown) or "(none given)"
+        raise UnknownScopeError(f"unknown scope(s) {given}; choose from {', '.join(SCOPES)}")
     return [s for s in SCOPES if s in items]
 
 

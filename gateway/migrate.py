@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import TextIO
 
 from alembic import command
 from alembic.config import Config
@@ -13,7 +14,7 @@ import migrations
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 
 
-def alembic_config(database_url: str, stdout: io.TextIOBase | None = None) -> Config:
+def alembic_config(database_url: str, stdout: TextIO | None = None) -> Config:
     """An Alembic config pointing at our migrations and at `database_url`."""
     cfg = Config(stdout=stdout) if stdout is not None else Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
@@ -34,5 +35,5 @@ def downgrade(database_url: str, revision: str = "base") -> None:
 def current(database_url: str) -> str:
     """The revision the database is at, as Alembic prints it."""
     out = io.StringIO()
-    command.current(alembic_config(database_url, stdout=out))  # type: ignore[arg-type]
+    command.current(alembic_config(database_url, stdout=out))
     return out.getvalue().strip()

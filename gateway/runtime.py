@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -47,11 +46,8 @@ async def ensure_first_admin_key(services: Services) -> str | None:
     async with services.sessions() as session:
         if await has_any_key(session):
             return None
-        _, secret = await create_key(session, ["admin", "send", "read", "export"], name="first-start admin")
+        _, secret = await create_key(
+            session, ["admin", "send", "read", "export"], name="first-start admin"
+        )
         await session.commit()
         return secret
-
-
-def first_start_key(services: Services) -> str | None:
-    """Synchronous wrapper for the CLI."""
-    return asyncio.run(ensure_first_admin_key(services))

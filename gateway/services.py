@@ -17,6 +17,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from gateway.db import create_engine, session_factory
 from gateway.settings import Settings
 from suppression.crypto import AddressProtector
+from webhooks.certs import CertificateStore
+from webhooks.sns import SnsVerifier
+from webhooks.twilio_signature import TwilioVerifier
 
 log = logging.getLogger("gateway")
 
@@ -61,5 +64,18 @@ def build_services(settings: Settings, database_url: str) -> Services:
         sessions=session_factory(engine),
         protector=AddressProtector(settings.hash_key, settings.secret_keys),
         redis=redis,
+    )
+    # webhooks: signature verification. The SNS certificate cache is shared through Redis
+    # when configured; empty allow-list / no token means the verifier refuses everything.
+    cert_store = CertificateStore(redis=redis, redis_prefix=settings.redis_prefix)
+    services.extra["cert_store"] = cert_store
+    services.extra["sns_verifier"] = SnsVerifier(
+        allowed_topic_arns=settings.sns_topic_arns,
+        certs=cert_store,
+        max_age_seconds=settings.sns_max_age_seconds,
+    )
+    services.extra["twilio_verifier"] = TwilioVerifier(
+        auth_tokens=settings.twilio_auth_tokens,
+        subaccount_tokens=settings.twilio_subaccount_tokens,
     )
     return services

@@ -11,13 +11,16 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
 
 from cryptography.fernet import Fernet
+
+from retry.settings import UNKNOWN_OUTCOME_POLICIES, parse_policies, parse_rate_limits
+from retry.settings import RetrySettings as RetrySettings  # re-exported: gateway.settings API
 
 T = TypeVar("T")
 
@@ -29,21 +32,6 @@ class SettingsError(ValueError):
         super().__init__(f"{name}: {problem}")
         self.name = name
         self.problem = problem
-
-
-@dataclass(frozen=True)
-class RetrySettings:
-    """Retry, worker, rate-limit and breaker knobs (consumed by the `retry` package)."""
-
-    base_seconds: float = 2.0
-    max_seconds: float = 600.0
-    max_attempts: int = 6
-    feedback_base_seconds: float = 1800.0
-    worker_enabled: bool = True
-    worker_poll_seconds: float = 1.0
-    worker_batch: int = 50
-    unknown_settle_seconds: float = 300.0
-    stale_in_progress_seconds: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -144,7 +132,9 @@ def _fernet_keys(env: Mapping[str, str], name: str) -> tuple[str, ...]:
         try:
             Fernet(key)
         except (ValueError, binascii.Error):
-            raise SettingsError(name, "each key must be a urlsafe-base64 32-byte Fernet key") from None
+            raise SettingsError(
+                name, "each key must be a urlsafe-base64 32-byte Fernet key"
+            ) from None
     return keys
 
 
@@ -192,7 +182,50 @@ def _retry(env: Mapping[str, str]) -> RetrySettings:
         stale_in_progress_seconds=_number(
             env, "GATEWAY_STALE_IN_PROGRESS_SECONDS", d.stale_in_progress_seconds, float, 0.0
         ),
+        policies=_parsed(env, "GATEWAY_RETRY_POLICIES", parse_policies, d.policies),
+        worker_concurrency=_number(env, "GATEWAY_WORKER_CONCURRENCY", d.worker_concurrency, int, 1),
+        unknown_outcome_marketing=_choice(
+            env,
+            "GATEWAY_UNKNOWN_OUTCOME_MARKETING",
+            d.unknown_outcome_marketing,
+            UNKNOWN_OUTCOME_POLICIES,
+        ),
+        rate_limits=_parsed(env, "GATEWAY_RATE_LIMITS", parse_rate_limits, d.rate_limits),
+        low_priority_share=_share(env, "GATEWAY_RATE_LOW_SHARE", d.low_priority_share),
+        defer_seconds=_number(env, "GATEWAY_RETRY_DEFER_SECONDS", d.defer_seconds, float, 0.0),
+        breaker_failure_ratio=_share(env, "GATEWAY_BREAKER_FAILURE_RATIO", d.breaker_failure_ratio),
+        breaker_min_volume=_number(env, "GATEWAY_BREAKER_MIN_VOLUME", d.breaker_min_volume, int, 1),
+        breaker_window_seconds=_number(
+            env, "GATEWAY_BREAKER_WINDOW_SECONDS", d.breaker_window_seconds, float, 0.01
+        ),
+        breaker_cooldown_seconds=_number(
+            env, "GATEWAY_BREAKER_COOLDOWN_SECONDS", d.breaker_cooldown_seconds, float, 0.0
+        ),
+        breaker_account_cooldown_seconds=_number(
+            env,
+            "GATEWAY_BREAKER_ACCOUNT_COOLDOWN_SECONDS",
+            d.breaker_account_cooldown_seconds,
+            float,
+            0.0,
+        ),
     )
+
+
+def _parsed(env: Mapping[str, str], name: str, parse: Callable[[str], T], default: T) -> T:
+    raw = _str(env, name)
+    if raw is None:
+        return default
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        raise SettingsError(name, str(exc)) from None
+
+
+def _share(env: Mapping[str, str], name: str, default: float) -> float:
+    value = _number(env, name, default, float, 0.0)
+    if not 0.0 < value <= 1.0:
+        raise SettingsError(name, f"must be a fraction in (0, 1] (got {value!r})")
+    return value
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
@@ -201,9 +234,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     email_provider = _choice(env, "GATEWAY_EMAIL_PROVIDER", "sandbox", ("ses", "sandbox"))
     sms_provider = _choice(env, "GATEWAY_SMS_PROVIDER", "sandbox", ("twilio", "sandbox"))
     settings = Settings(
-        database_url=_url(
-            env, "DATABASE_URL", ("postgresql", "postgres", "postgresql+asyncpg")
-        ),
+        database_url=_url(env, "DATABASE_URL", ("postgresql", "postgres", "postgresql+asyncpg")),
         redis_url=_url(env, "REDIS_URL", ("redis", "rediss", "unix")),
         redis_prefix=_str(env, "GATEWAY_REDIS_PREFIX") or "gw:",
         data_dir=Path(_str(env, "GATEWAY_DATA_DIR") or ".gateway"),
@@ -226,9 +257,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_body_bytes=_number(env, "GATEWAY_MAX_BODY_BYTES", 1024 * 1024, int, 1024),
         default_region=(_str(env, "GATEWAY_DEFAULT_REGION") or "US").upper(),
         sns_max_age_seconds=_number(env, "GATEWAY_SNS_MAX_AGE_SECONDS", 3600.0, float, 1.0),
-        log_level=_choice(
-            env, "GATEWAY_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR")
-        ),
+        log_level=_choice(env, "GATEWAY_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR")),
         retry=_retry(env),
     )
     _check_consistency(settings, env)
@@ -236,18 +265,25 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 
 
 def _check_consistency(s: Settings, env: Mapping[str, str]) -> None:
-    if s.email_provider == "ses" and not (_str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION")):
+    if s.email_provider == "ses" and not (
+        _str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION")
+    ):
         # boto3 cannot pick an endpoint without a region; say so at start, not at first send.
         raise SettingsError("AWS_REGION", "is required when GATEWAY_EMAIL_PROVIDER=ses")
     if s.sms_provider == "twilio":
         if not s.twilio_account_sid:
-            raise SettingsError("GATEWAY_TWILIO_ACCOUNT_SID", "is required when GATEWAY_SMS_PROVIDER=twilio")
+            raise SettingsError(
+                "GATEWAY_TWILIO_ACCOUNT_SID", "is required when GATEWAY_SMS_PROVIDER=twilio"
+            )
         if not s.twilio_auth_tokens:
-            raise SettingsError("GATEWAY_TWILIO_AUTH_TOKEN", "is required when GATEWAY_SMS_PROVIDER=twilio")
+            raise SettingsError(
+                "GATEWAY_TWILIO_AUTH_TOKEN", "is required when GATEWAY_SMS_PROVIDER=twilio"
+            )
         if not (s.sms_from or s.twilio_messaging_service_sid):
             raise SettingsError(
                 "GATEWAY_SMS_FROM",
-                "or GATEWAY_TWILIO_MESSAGING_SERVICE_SID is required when GATEWAY_SMS_PROVIDER=twilio",
+                "(or GATEWAY_TWILIO_MESSAGING_SERVICE_SID) is required"
+                " when GATEWAY_SMS_PROVIDER=twilio",
             )
     if not s.embedded_database and (not s.secret_keys or not s.hash_key):
         # Development secrets are generated only for the embedded default; a real deployment

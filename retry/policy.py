@@ -46,7 +46,9 @@ def next_attempt_at(
     """When to try again after `attempts_made` attempts; None when the budget or time is out."""
     if attempts_made >= backoff.max_attempts:
         return None
-    at = now + dt.timedelta(seconds=delay_seconds(backoff, attempts_made, rng=rng, retry_after=retry_after))
+    at = now + dt.timedelta(
+        seconds=delay_seconds(backoff, attempts_made, rng=rng, retry_after=retry_after)
+    )
     if expires_at is not None and at >= expires_at:
         return None
     return at

@@ -11,7 +11,18 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
-from sqlalchemy import Column, DateTime, Integer, SmallInteger, String, Text, Uuid, column, table, update
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Integer,
+    SmallInteger,
+    String,
+    Text,
+    Uuid,
+    column,
+    table,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from suppression.db import utcnow
@@ -29,9 +40,45 @@ deliveries = table(
     Column("last_error", Text),
     Column("reason", Text),
     Column("updated_at", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True)),
 )
 
-__all__ = ["column", "deliveries", "schedule", "unschedule"]
+# The provider-call history of a delivery (owned by `sender`): the dead-letter queue copies it
+# and the sweeper resolves rows left `in_progress` by a process that died mid-call.
+attempts = table(
+    "attempts",
+    Column("id", Uuid),
+    Column("delivery_id", Uuid),
+    Column("number", Integer),
+    Column("status", String),
+    Column("provider", String),
+    Column("provider_message_id", Text),
+    Column("provider_status", String),
+    Column("error_code", String),
+    Column("error_message", Text),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+)
+
+# Statuses the worker claims when due: new (queued), backing off (retrying) and those whose
+# outcome stayed unknown until their settle window ended.
+CLAIMABLE_STATUSES = ("queued", "retrying", "unknown")
+# The gateway's own pre-provider states; a provider callback always wins over them.
+GATEWAY_STATES = ("queued", "sending", "unknown", "retrying", "dead")
+PRIORITY_RANKS = {"high": 2, "normal": 1, "low": 0}
+PRIORITY_NAMES = {rank: name for name, rank in PRIORITY_RANKS.items()}
+
+__all__ = [
+    "CLAIMABLE_STATUSES",
+    "GATEWAY_STATES",
+    "PRIORITY_NAMES",
+    "PRIORITY_RANKS",
+    "attempts",
+    "column",
+    "deliveries",
+    "schedule",
+    "unschedule",
+]
 
 
 async def schedule(

@@ -25,7 +25,9 @@ class AddressProtector:
         if not fernet_keys:
             raise ValueError("at least one Fernet key is required")
         self._hash_key = hash_key
-        self._fernet = MultiFernet([Fernet(k) for k in fernet_keys])
+        fernets = [Fernet(k) for k in fernet_keys]
+        self._primary = fernets[0]
+        self._fernet = MultiFernet(fernets)
 
     def hash(self, channel: str, normalized_address: str) -> str:
         """Keyed hash of a normalized address, scoped by channel (hex, 64 chars)."""
@@ -43,3 +45,30 @@ class AddressProtector:
     def rotate(self, token: str) -> str:
         """Re-encrypt a ciphertext with the newest key."""
         return self._fernet.rotate(token.encode("ascii")).decode("ascii")
+
+    def is_current(self, token: str) -> bool:
+        """True when `token` is already encrypted with the newest key (nothing to rotate)."""
+        try:
+            self._primary.decrypt(token.encode("ascii"))
+        except (InvalidToken, UnicodeEncodeError):
+            return False
+        return True
+
+    def encrypt_bytes(self, data: bytes, at: int | None = None) -> str:
+        """Encrypt arbitrary bytes with the newest key; the result is URL-safe base64.
+
+        `at` (Unix seconds) sets the timestamp Fernet embeds in the token.
+        """
+        token = self._fernet.encrypt(data) if at is None else self._fernet.encrypt_at_time(data, at)
+        return token.decode("ascii")
+
+    def decrypt_bytes(self, token: str) -> bytes:
+        """Decrypt a token made by `encrypt_bytes` with any configured key.
+
+        Raises `InvalidToken` for anything that is not a valid token under one of the keys.
+        """
+        try:
+            raw = token.encode("ascii")
+        except UnicodeEncodeError:
+            raise InvalidToken from None
+        return self._fernet.decrypt(raw)

@@ -8,11 +8,12 @@ Callers pass the session and commit; nothing here commits.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import or_, select, tuple_
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -33,6 +34,29 @@ REASONS = (
 )
 # Removing these has legal weight (re-mailing a complainer, texting someone who said STOP).
 PROTECTED_REASONS = ("complaint", "sms_stop")
+# Reasons that are about the address itself, so they always cover the whole channel.
+CHANNEL_WIDE_REASONS = ("hard_bounce", "complaint", "sms_stop", "invalid_address")
+# History action written when a person's data is erased; later adds for that hash store no
+# ciphertext (see `add`), so an import cannot bring the erased address back.
+ERASE_ACTION = "erase"
+# Evidence keys that are personal data of the recipient; erasure removes them.
+PERSONAL_EVIDENCE_KEYS = ("user_agent", "client_ip")
+
+_SCOPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+def validate_entry(channel: str, reason: str, scope: str) -> None:
+    """Check a (channel, reason, scope) combination; raises ValueError explaining the problem."""
+    if reason not in REASONS:
+        raise ValueError(f"unknown reason {reason!r}; choose from {', '.join(REASONS)}")
+    if not _SCOPE_RE.match(scope):
+        raise ValueError(
+            "scope must be 'all' or a topic of 1-128 letters, digits, '_', '.', ':' or '-'"
+        )
+    if reason in CHANNEL_WIDE_REASONS and scope != SCOPE_ALL:
+        raise ValueError(f"reason {reason!r} always covers the whole channel (scope 'all')")
+    if reason == "sms_stop" and channel != "sms":
+        raise ValueError("reason 'sms_stop' applies to the sms channel only")
 
 
 @dataclass(frozen=True)
@@ -81,18 +105,22 @@ async def check(
     """
     now = now or utcnow()
     rows = (
-        await session.execute(
-            select(Suppression)
-            .where(
-                Suppression.channel == channel,
-                Suppression.address_hash == address_hash,
-                Suppression.scope.in_(_scopes_for(category, topic)),
-                _active(now),
+        (
+            await session.execute(
+                select(Suppression)
+                .where(
+                    Suppression.channel == channel,
+                    Suppression.address_hash == address_hash,
+                    Suppression.scope.in_(_scopes_for(category, topic)),
+                    _active(now),
+                )
+                .order_by((Suppression.scope == SCOPE_ALL).desc(), Suppression.created_at)
+                .limit(1)
             )
-            .order_by((Suppression.scope == SCOPE_ALL).desc(), Suppression.created_at)
-            .limit(1)
         )
-    ).scalars().first()
+        .scalars()
+        .first()
+    )
     if rows is None:
         return None
     return Hit(rows.id, rows.reason, rows.scope, rows.created_at, rows.expires_at)
@@ -127,7 +155,9 @@ async def check_many(
     result: dict[str, Hit] = {}
     # Ordered so that channel-wide entries come last and overwrite topic entries.
     for row in rows:
-        result[row.address_hash] = Hit(row.id, row.reason, row.scope, row.created_at, row.expires_at)
+        result[row.address_hash] = Hit(
+            row.id, row.reason, row.scope, row.created_at, row.expires_at
+        )
     return result
 
 
@@ -140,20 +170,24 @@ async def add(
     source: Source,
     scope: str = SCOPE_ALL,
     expires_at: dt.datetime | None = None,
+    record_existing: bool = True,
 ) -> tuple[Suppression, bool]:
     """Suppress `address` for `scope`; returns (entry, created).
 
     An existing active entry for the same scope is kept as it is (first reason wins, the new
-    evidence is still written to history). An expired entry is renewed in place.
+    evidence is still written to history unless `record_existing` is false). An expired entry
+    is renewed in place. For an address whose data was erased, the entry is stored without
+    ciphertext (hash only).
     """
     if reason not in REASONS:
         raise ValueError(f"unknown reason {reason!r}")
     address_hash = protector.hash(address.channel, address.key)
     now = utcnow()
+    erased = bool(await erased_hashes(session, [(address.channel, address_hash)]))
     values = {
         "channel": address.channel,
         "address_hash": address_hash,
-        "address_encrypted": protector.encrypt(address.key),
+        "address_encrypted": None if erased else protector.encrypt(address.key),
         "scope": scope,
         "reason": reason,
         "source_type": source.type,
@@ -183,6 +217,8 @@ async def add(
         for key in ("reason", "source_type", "source_id", "evidence", "created_at", "expires_at"):
             setattr(entry, key, values[key])
         created = True
+    if not created and not record_existing:
+        return entry, False
     session.add(
         SuppressionHistory(
             suppression_id=entry.id,
@@ -194,7 +230,10 @@ async def add(
             actor=source.actor,
             source_type=source.type,
             source_id=source.id,
-            details={"evidence": source.evidence, "expires_at": expires_at.isoformat() if expires_at else None},
+            details={
+                "evidence": source.evidence,
+                "expires_at": expires_at.isoformat() if expires_at else None,
+            },
             at=now,
         )
     )
@@ -245,3 +284,163 @@ async def remove(
         await session.delete(entry)
     await session.flush()
     return entries
+
+
+async def erased_hashes(
+    session: AsyncSession, keys: Iterable[tuple[str, str]]
+) -> set[tuple[str, str]]:
+    """The (channel, address hash) pairs among `keys` whose data was erased."""
+    wanted = list(set(keys))
+    if not wanted:
+        return set()
+    rows = await session.execute(
+        select(SuppressionHistory.channel, SuppressionHistory.address_hash)
+        .where(
+            SuppressionHistory.action == ERASE_ACTION,
+            tuple_(SuppressionHistory.channel, SuppressionHistory.address_hash).in_(wanted),
+        )
+        .distinct()
+    )
+    return {(c, h) for c, h in rows.tuples()}
+
+
+@dataclass(frozen=True)
+class NewEntry:
+    """One entry for `add_many`."""
+
+    address: Address
+    reason: str
+    scope: str = SCOPE_ALL
+    expires_at: dt.datetime | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+async def add_many(
+    session: AsyncSession,
+    protector: AddressProtector,
+    entries: Sequence[NewEntry],
+    *,
+    source_type: str,
+    source_id: str | None,
+    actor: str,
+) -> list[bool]:
+    """Batch form of `add` (used by imports): one flag per input, True when it was added.
+
+    Same rules as `add`: an existing active entry stays as it is (and nothing is written for
+    it), an expired one is renewed, erased addresses are stored without ciphertext. A repeat of
+    the same (channel, address, scope) inside the batch counts as already present.
+    """
+    now = utcnow()
+    keyed = [
+        (e.address.channel, protector.hash(e.address.channel, e.address.key), e.scope)
+        for e in entries
+    ]
+    for entry in entries:
+        if entry.reason not in REASONS:
+            raise ValueError(f"unknown reason {entry.reason!r}")
+    erased = await erased_hashes(session, [(c, h) for c, h, _ in keyed])
+    first: dict[tuple[str, str, str], int] = {}
+    for index, key in enumerate(keyed):
+        first.setdefault(key, index)
+    if not first:
+        return []
+    rows = []
+    for key, index in first.items():
+        entry = entries[index]
+        rows.append(
+            {
+                "id": new_id(),
+                "channel": key[0],
+                "address_hash": key[1],
+                "address_encrypted": None
+                if (key[0], key[1]) in erased
+                else protector.encrypt(entry.address.key),
+                "scope": key[2],
+                "reason": entry.reason,
+                "source_type": source_type,
+                "source_id": source_id,
+                "evidence": entry.evidence,
+                "created_at": now,
+                "expires_at": entry.expires_at,
+            }
+        )
+    inserted = await session.execute(
+        insert(Suppression)
+        .values(rows)
+        .on_conflict_do_nothing(constraint="uq_suppressions_address_scope")
+        .returning(Suppression.id, Suppression.channel, Suppression.address_hash, Suppression.scope)
+    )
+    added: dict[tuple[str, str, str], Any] = {(c, h, s): i for i, c, h, s in inserted.tuples()}
+    conflicting = [key for key in first if key not in added]
+    if conflicting:
+        expired = (
+            await session.execute(
+                select(Suppression)
+                .where(
+                    tuple_(Suppression.channel, Suppression.address_hash, Suppression.scope).in_(
+                        conflicting
+                    ),
+                    Suppression.expires_at <= now,
+                )
+                .with_for_update()
+            )
+        ).scalars()
+        for row in expired:
+            entry = entries[first[(row.channel, row.address_hash, row.scope)]]
+            row.reason = entry.reason
+            row.source_type = source_type
+            row.source_id = source_id
+            row.evidence = entry.evidence
+            row.created_at = now
+            row.expires_at = entry.expires_at
+            added[(row.channel, row.address_hash, row.scope)] = row.id
+    history = []
+    for key, suppression_id in added.items():
+        entry = entries[first[key]]
+        history.append(
+            {
+                "suppression_id": suppression_id,
+                "channel": key[0],
+                "address_hash": key[1],
+                "scope": key[2],
+                "action": "add",
+                "reason": entry.reason,
+                "actor": actor,
+                "source_type": source_type,
+                "source_id": source_id,
+                "details": {
+                    "evidence": entry.evidence,
+                    "expires_at": entry.expires_at.isoformat() if entry.expires_at else None,
+                },
+                "at": now,
+            }
+        )
+    if history:
+        await session.execute(insert(SuppressionHistory).values(history))
+    await session.flush()
+    return [first[key] == index and key in added for index, key in enumerate(keyed)]
+
+
+async def entries_for(session: AsyncSession, channel: str, address_hash: str) -> list[Suppression]:
+    """Every entry (active or expired) of one address, oldest first."""
+    rows = await session.execute(
+        select(Suppression)
+        .where(Suppression.channel == channel, Suppression.address_hash == address_hash)
+        .order_by(Suppression.created_at, Suppression.id)
+    )
+    return list(rows.scalars())
+
+
+async def history_for(
+    session: AsyncSession, channel: str, address_hash: str
+) -> list[SuppressionHistory]:
+    """The whole history of one address, in order."""
+    rows = await session.execute(
+        select(SuppressionHistory)
+        .where(
+            SuppressionHistory.channel == channel,
+            SuppressionHistory.address_hash == address_hash,
+        )
+        .order_by(SuppressionHistory.id)
+    )
+    return list(rows.scalars())

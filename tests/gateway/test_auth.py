@@ -65,7 +65,9 @@ async def test_created_key_secret_is_shown_once_and_stored_hashed(
 
     assert isinstance(services, Services)
     admin = await make_key("admin")
-    created = await client.post("/v1/keys", json={"scopes": ["send"], "name": "svc"}, headers=bearer(admin))
+    created = await client.post(
+        "/v1/keys", json={"scopes": ["send"], "name": "svc"}, headers=bearer(admin)
+    )
     assert created.status_code == 201
     secret = created.json()["secret"]
     assert secret.startswith("gw_")
@@ -76,7 +78,9 @@ async def test_created_key_secret_is_shown_once_and_stored_hashed(
     assert (await client.get("/v1/keys", headers=bearer(secret))).status_code == 403
 
 
-async def test_unknown_scope_is_422(client: Client, make_key: Callable[..., Awaitable[str]]) -> None:
+async def test_unknown_scope_is_422(
+    client: Client, make_key: Callable[..., Awaitable[str]]
+) -> None:
     admin = await make_key("admin")
     response = await client.post("/v1/keys", json={"scopes": ["root"]}, headers=bearer(admin))
     assert response.status_code == 422

@@ -21,7 +21,10 @@ def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 def test_keys_create_list_revoke(clean_database: str) -> None:
     import os
 
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}, **gateway_env(clean_database)}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")},
+        **gateway_env(clean_database),
+    }
     created = _run(env, "keys", "create", "--scopes", "send,read", "--name", "orders")
     assert created.returncode == 0, created.stderr
     secret = created.stdout.strip()

@@ -33,7 +33,9 @@ def _sync(url: str) -> str:
     return make_url(url).set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
 
 
-def test_upgrade_head_matches_models_and_downgrade_to_base(create_database: Callable[[], str]) -> None:
+def test_upgrade_head_matches_models_and_downgrade_to_base(
+    create_database: Callable[[], str],
+) -> None:
     url = create_database()
     migrate.upgrade(url)
     engine = create_engine(_sync(url))
@@ -82,7 +84,10 @@ def test_constraints_exist(database_url: str) -> None:
             assert ("channel", "address_hash", "scope") in uniques["suppressions"]
             partial = {i["name"]: i for i in insp.get_indexes("attempts")}
             assert partial["uq_attempts_one_in_progress"]["unique"]
-            assert "in_progress" in partial["uq_attempts_one_in_progress"]["dialect_options"]["postgresql_where"]
+            assert (
+                "in_progress"
+                in partial["uq_attempts_one_in_progress"]["dialect_options"]["postgresql_where"]
+            )
             due = {i["name"]: i for i in insp.get_indexes("deliveries")}["ix_deliveries_due"]
             assert "next_attempt_at IS NOT NULL" in due["dialect_options"]["postgresql_where"]
     finally:

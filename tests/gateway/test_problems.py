@@ -6,8 +6,8 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
-from gateway.services import build_services
 from gateway.app import create_app
+from gateway.services import build_services
 from gateway.settings import Settings
 from tests.conftest import bearer, replace_settings
 
@@ -40,7 +40,9 @@ async def test_malformed_json_is_400_problem(
     assert body["status"] == 400 and body["type"] != "urn:problem:internal"
 
 
-async def test_body_over_the_limit_is_413(settings: Settings, make_key: Callable[..., Awaitable[str]]) -> None:
+async def test_body_over_the_limit_is_413(
+    settings: Settings, make_key: Callable[..., Awaitable[str]]
+) -> None:
     small = replace_settings(settings, max_body_bytes=2048)
     assert small.database_url is not None
     services = build_services(small, small.database_url)
@@ -51,7 +53,9 @@ async def test_body_over_the_limit_is_413(settings: Settings, make_key: Callable
             admin = await make_key("admin")
             big = b'{"scopes": ["read"], "name": "' + b"x" * 4096 + b'"}'
             response = await c.post(
-                "/v1/keys", content=big, headers={**bearer(admin), "content-type": "application/json"}
+                "/v1/keys",
+                content=big,
+                headers={**bearer(admin), "content-type": "application/json"},
             )
             assert response.status_code == 413
             assert response.headers["content-type"].startswith("application/problem+json")

@@ -121,7 +121,9 @@ def test_serve_with_no_configuration_then_restart(workdir: Path) -> None:
         ({"GATEWAY_SMS_PROVIDER": "twilio"}, "GATEWAY_TWILIO_ACCOUNT_SID"),
     ],
 )
-def test_bad_configuration_exits_2_with_one_line(workdir: Path, env: dict[str, str], name: str) -> None:
+def test_bad_configuration_exits_2_with_one_line(
+    workdir: Path, env: dict[str, str], name: str
+) -> None:
     proc = subprocess.run(
         [GATEWAY, "serve", "--port", str(_free_port())],
         cwd=workdir,

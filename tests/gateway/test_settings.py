@@ -20,7 +20,9 @@ def test_defaults_with_no_configuration() -> None:
     assert s.email_provider == "sandbox" and s.sms_provider == "sandbox"
     assert s.data_dir == Path(".gateway")
     assert s.max_body_bytes == 1024 * 1024
-    assert s.retry.base_seconds == 2.0 and s.retry.max_seconds == 600.0 and s.retry.max_attempts == 6
+    assert (
+        s.retry.base_seconds == 2.0 and s.retry.max_seconds == 600.0 and s.retry.max_attempts == 6
+    )
 
 
 def test_full_production_configuration() -> None:
