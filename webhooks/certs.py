@@ -172,9 +172,11 @@ class CertificateStore:
         if self._transport is not None:
             kwargs["transport"] = self._transport
         else:
+            # httpx builds the transport itself (and honours HTTPS_PROXY/NO_PROXY from the
+            # environment); TLS trust is the standard bundle, SSL_CERT_FILE/SSL_CERT_DIR first.
             if self._ssl is None:
                 self._ssl = default_ssl_context()
-            kwargs["transport"] = httpx.AsyncHTTPTransport(verify=self._ssl, retries=0)
+            kwargs["verify"] = self._ssl
         return httpx.AsyncClient(
             timeout=httpx.Timeout(self._timeout),
             follow_redirects=False,

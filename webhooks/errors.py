@@ -13,7 +13,8 @@
                                              the certificate host answered 5xx); SNS retries
 
 Every error has a `reason` (a short code for logs, metrics and problem documents) and a
-human-readable message (`str(error)`). The messages never contain payload contents.
+human-readable message (`str(error)`). Messages never carry message bodies, addresses or
+secrets; at most an envelope field such as the TopicArn or Timestamp (repr-quoted, cut short).
 
 `VerificationFailed` reasons used by the verifiers in this package:
 
@@ -40,6 +41,10 @@ reason                             meaning
 ``no_token_configured``            no Twilio auth token for this account: everything refused
 ``bad_body_encoding``              a Twilio JSON body that is not UTF-8
 =================================  ==========================================================
+
+`MalformedPayload` uses the reason ``malformed_payload``; `TemporaryFailure` uses
+``cert_fetch_failed`` (connection/TLS error, 5xx or 429 from the certificate host) and
+``cert_fetch_timeout``.
 
 `VERIFICATION_FAILURES` counts `VerificationFailed` only (the 403s), keyed by
 ``(provider, reason)``; `record_failure` logs one line and increments it. Malformed payloads
@@ -85,9 +90,6 @@ class VerificationFailed(WebhookError):
 
     status_code = 403
     default_reason = "verification_failed"
-
-    def __init__(self, message: str, *, reason: str) -> None:
-        super().__init__(message, reason=reason)
 
 
 class TemporaryFailure(WebhookError):

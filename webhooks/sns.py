@@ -70,6 +70,8 @@ __all__ = [
 # and China (.com.cn). It excludes S3 and every other AWS host.
 SNS_HOST_PATTERN = re.compile(r"^sns\.[a-zA-Z0-9\-]{3,}\.amazonaws\.com(\.cn)?$")
 
+_CONTROL_OR_SPACE = re.compile(r"[\x00-\x20\x7f]")
+
 # How far a Timestamp may lie ahead of our clock (clock skew); anything beyond is refused.
 FUTURE_SKEW_SECONDS = 300.0
 
@@ -93,10 +95,10 @@ _SIGNED_KEYS: dict[str, tuple[str, ...]] = {
     SUBSCRIPTION_CONFIRMATION: _CONFIRMATION_KEYS,
     UNSUBSCRIBE_CONFIRMATION: _CONFIRMATION_KEYS,
 }
+# Fields that must be present as strings (Type is checked separately; Subject is optional).
 _REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
-    NOTIFICATION: ("Message", "MessageId", "Timestamp", "TopicArn"),
-    SUBSCRIPTION_CONFIRMATION: ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token", "TopicArn"),
-    UNSUBSCRIBE_CONFIRMATION: ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token", "TopicArn"),
+    kind: tuple(key for key in keys if key not in ("Subject", "Type"))
+    for kind, keys in _SIGNED_KEYS.items()
 }
 _HASHES: dict[str, Callable[[], hashes.HashAlgorithm]] = {
     "1": hashes.SHA1,  # SHA1withRSA (the topic default)
@@ -120,7 +122,7 @@ def is_sns_url(url: str, *, require_pem: bool = False) -> bool:
     No userinfo or explicit port is allowed: a real SNS URL has neither, and both are classic
     ways to make a URL parser and an HTTP client disagree about the host.
     """
-    if not isinstance(url, str) or not url.isascii() or any(ch <= " " for ch in url):
+    if not isinstance(url, str) or not url.isascii() or _CONTROL_OR_SPACE.search(url):
         # urlsplit silently drops tabs and newlines, an HTTP client might not: refuse them.
         return False
     try:
@@ -268,9 +270,7 @@ class SnsVerifier:
                 signature, string_to_sign(message), padding.PKCS1v15(), _HASHES[version]()
             )
         except InvalidSignature:
-            raise VerificationFailed(
-                "signature does not verify", reason="bad_signature"
-            ) from None
+            raise VerificationFailed("signature does not verify", reason="bad_signature") from None
 
         token = message.get("Token")
         return SnsEnvelope(
@@ -298,9 +298,7 @@ def _parse(body: bytes | str) -> dict[str, Any]:
 
 
 def _check_envelope_shape(message: Mapping[str, Any]) -> None:
-    if "SigningCertURL" not in message and (
-        _LAMBDA_KEYS & message.keys() or "Records" in message
-    ):
+    if "SigningCertURL" not in message and (_LAMBDA_KEYS & message.keys() or "Records" in message):
         raise VerificationFailed(
             "Lambda/SQS-shaped SNS records are not accepted here; "
             "the endpoint takes SNS HTTP(S) deliveries only",

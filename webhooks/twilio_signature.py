@@ -50,7 +50,7 @@ class TwilioVerifier:
         self,
         *,
         auth_tokens: Sequence[str],
-        subaccount_tokens: Mapping[str, Sequence[str]] = {},  # noqa: B006 (read only)
+        subaccount_tokens: Mapping[str, Sequence[str]] = {},  # read only, never mutated
     ) -> None:
         self._main = tuple(RequestValidator(token) for token in dict.fromkeys(auth_tokens) if token)
         self._sub = {
