@@ -1,0 +1,101 @@
+"""The normalized provider event: what the parsers produce and the ingestor consumes.
+
+One `FeedbackEvent` per recipient per provider callback. Everything in `details` is
+non-personal (bounce type, SMTP status, error code, feedback type, ...): it is stored as
+plain JSON. The recipient is kept as a normalized `Address` only in memory: the store keeps
+its keyed hash, and `raw` (the payload it came from, which holds addresses) is stored
+encrypted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+from email.utils import parseaddr
+from typing import Any
+
+from suppression.normalize import Address, InvalidAddress, normalize
+
+SES = "ses"
+TWILIO = "twilio"
+PROVIDERS = (SES, TWILIO)
+EMAIL = "email"
+SMS = "sms"
+
+# Event types of SNS itself (recorded, never applied to a delivery).
+SUBSCRIPTION_CONFIRMATION = "subscription_confirmation"
+UNSUBSCRIBE_CONFIRMATION = "unsubscribe_confirmation"
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class FeedbackEvent:
+    """One provider fact about one recipient of one provider message.
+
+    `provider_event_id` is unique per provider (the dedupe key). `delivery_ref` is the
+    delivery id or derived key the gateway attached to the send (SES tag/header, Twilio
+    callback URL parameter), when the payload carries it.
+    """
+
+    provider: str
+    provider_event_id: str
+    event_type: str
+    channel: str
+    provider_message_id: str | None = None
+    delivery_ref: str | None = None
+    recipient: Address | None = None
+    occurred_at: dt.datetime | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    raw: Any = None
+
+    @property
+    def error_code(self) -> str | None:
+        """The provider error code or SMTP status carried by the event, if any."""
+        value = self.details.get("error_code") or self.details.get("status")
+        return str(value) if value else None
+
+
+def parse_time(value: Any) -> dt.datetime | None:
+    """An aware UTC datetime from an ISO 8601 string (SES/SNS style), or None."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return parsed.astimezone(dt.UTC)
+
+
+def normalize_recipient(channel: str, raw: Any, default_region: str = "US") -> Address | None:
+    """Normalize an address found in a payload; None when it is absent or unusable.
+
+    Email addresses may come with a display name (``"Jane" <jane@example.com>``).
+    """
+    if not isinstance(raw, str) or not raw.strip():
+        return None
+    text = raw.strip()
+    if channel == EMAIL:
+        text = parseaddr(text)[1] or text
+    try:
+        return normalize(channel, text, default_region)
+    except InvalidAddress:
+        return None
+
+
+_EMAIL_RE = re.compile(r"[^\s<>\"'(),;:]+@[^\s<>\"'(),;:]+")
+_PHONE_RE = re.compile(r"\+\d[\d\s().-]{6,}\d")
+
+
+def redact(text: Any, limit: int = 300) -> str | None:
+    """A provider diagnostic with anything that looks like an address or number removed.
+
+    Diagnostic codes quote the recipient ("550 5.1.1 <jane@example.com>... User unknown");
+    stored details must not.
+    """
+    if not isinstance(text, str) or not text:
+        return None
+    cleaned = _PHONE_RE.sub("[number]", _EMAIL_RE.sub("[address]", text))
+    return cleaned[:limit]
