@@ -21,6 +21,11 @@ from gateway.keys_api import KeysController
 from gateway.problems import EXCEPTION_HANDLERS
 from gateway.services import Services
 from gateway.settings import Settings
+from gateway.subjects import ROUTES as SUBJECT_ROUTES
+from retry.api import DeadLetterController
+from sender.api import MessagesController
+from suppression.api import ROUTES as SUPPRESSION_ROUTES
+from webhooks.api import ROUTES as WEBHOOK_ROUTES
 
 log = logging.getLogger("gateway")
 
@@ -43,6 +48,10 @@ def provide_services(state: State) -> Services:
 def route_handlers() -> list[Any]:
     """Every package's routes; the composition root is the only place that lists them."""
     handlers: list[Any] = [healthz, readyz, KeysController]
+    handlers += [*SUPPRESSION_ROUTES, *SUBJECT_ROUTES]
+    handlers.append(MessagesController)
+    handlers += WEBHOOK_ROUTES
+    handlers.append(DeadLetterController)
     return handlers
 
 

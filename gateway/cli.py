@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import logging
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from gateway.settings import Settings, SettingsError, load_settings
 
@@ -74,13 +75,13 @@ def _background(settings: Settings) -> list[Callable[[Services], Awaitable[None]
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run the retry worker alone (any number may run side by side)."""
     from gateway.runtime import prepare, services_for
-    from gateway.worker import run_worker
+    from gateway.worker import run_worker_until_signalled
 
     settings = _settings()
     _logging(settings)
     services = services_for(prepare(settings))
     try:
-        asyncio.run(run_worker(services))
+        asyncio.run(run_worker_until_signalled(services))
     except KeyboardInterrupt:
         pass
     return 0
@@ -162,6 +163,308 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def _cli_actor() -> str:
+    """How CLI changes are attributed in suppression history."""
+    import getpass
+
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (OSError, KeyError):
+        return "cli:unknown"
+
+
+def _iso_time(value: str) -> dt.datetime:
+    """argparse type: an ISO 8601 time with a zone."""
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {value!r}") from None
+    if parsed.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"needs a time zone (e.g. +00:00): {value!r}")
+    return parsed
+
+
+def cmd_suppressions(args: argparse.Namespace) -> int:
+    """Import, export, check, add and remove suppression entries (progress on stderr)."""
+    from gateway.runtime import prepare, services_for
+    from suppression import commands
+    from suppression.formats import ImportOptions, UnrecognizedFormat
+
+    settings = _settings()
+    _logging(settings)
+    options = None
+    if args.action == "import":
+        try:
+            options = ImportOptions(
+                args.format, args.sendgrid_list, args.unsubscribe_scope, settings.default_region
+            )
+        except ValueError as exc:
+            print(f"gateway: {exc}", file=sys.stderr)
+            return 2
+    file: BinaryIO | None = None
+    try:
+        if args.action == "import":
+            file = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
+        elif args.action == "export":
+            file = sys.stdout.buffer if args.output == "-" else open(args.output, "wb")
+    except OSError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 1
+    services = services_for(prepare(settings))
+    context = services.extra["suppression"]
+    actor = _cli_actor()
+
+    async def run() -> int:
+        try:
+            if args.action == "import":
+                assert options is not None and file is not None
+                report = await commands.import_file(
+                    context, file, options, actor=actor, err=sys.stderr
+                )
+                commands.dump(report.as_dict(), sys.stdout)
+            elif args.action == "export":
+                assert file is not None
+                count = await commands.export_file(
+                    context, file, fmt=args.format, since=args.since, err=sys.stderr
+                )
+                print(f"exported {count} entries", file=sys.stderr)
+            elif args.action == "check":
+                addresses = args.addresses or sys.stdin
+                count = await commands.check_addresses(
+                    context,
+                    args.channel,
+                    addresses,
+                    category=args.category,
+                    topic=args.topic,
+                    out=sys.stdout,
+                    err=sys.stderr,
+                )
+                print(f"{count} suppressed", file=sys.stderr)
+            elif args.action == "add":
+                result = await commands.add_address(
+                    context,
+                    args.channel,
+                    args.address,
+                    reason=args.reason,
+                    scope=args.scope,
+                    expires_at=args.expires_at,
+                    actor=actor,
+                )
+                commands.dump(result, sys.stdout)
+            else:
+                removed = await commands.remove_address(
+                    context,
+                    args.channel,
+                    args.address,
+                    reason=args.reason,
+                    scope=args.scope,
+                    force=args.force,
+                    actor=actor,
+                )
+                commands.dump({"removed": removed}, sys.stdout)
+            return 0
+        except commands.CommandError as exc:
+            print(f"gateway: {exc}", file=sys.stderr)
+            return 1
+        except UnrecognizedFormat as exc:
+            print(f"gateway: unrecognized import format: {exc}", file=sys.stderr)
+            return 2
+        finally:
+            await services.close()
+
+    try:
+        return asyncio.run(run())
+    finally:
+        if file is not None and file not in (sys.stdin.buffer, sys.stdout.buffer):
+            file.close()
+
+
+def cmd_rotate_encryption(args: argparse.Namespace) -> int:
+    """Re-encrypt every stored ciphertext with the newest GATEWAY_SECRET_KEYS key."""
+    from gateway.runtime import prepare, services_for
+    from gateway.subjects import rotate_encryption
+    from suppression.progress import ProgressBar
+
+    settings = _settings()
+    _logging(settings)
+    services = services_for(prepare(settings))
+    bars: dict[str, ProgressBar] = {}
+
+    def progress(label: str, done: int, total: int) -> None:
+        bar = bars.get(label)
+        if bar is None:
+            for other in bars.values():
+                other.finish()
+            bar = bars[label] = ProgressBar(label, total, stream=sys.stderr)
+        bar.update(done, total)
+
+    async def run() -> int:
+        try:
+            report = await rotate_encryption(
+                services.sessions, services.protector, batch_size=args.batch_size, progress=progress
+            )
+        finally:
+            await services.close()
+        if bars:
+            list(bars.values())[-1].finish()
+        for label in report.rotated:
+            print(
+                f"{label}: {report.rotated[label]} rotated,"
+                f" {report.current[label]} already current,"
+                f" {report.failed[label]} undecryptable",
+                file=sys.stderr,
+            )
+        if any(report.failed.values()):
+            print(
+                "gateway: some values could not be decrypted with any configured key"
+                " (were old keys removed too early?); they were left unchanged",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+
+    return asyncio.run(run())
+
+
+def _suppressions_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from suppression.formats import EXPORT_FORMATS, IMPORT_FORMATS, SENDGRID_LISTS
+    from suppression.normalize import CHANNELS
+    from suppression.service import REASONS
+
+    sup = sub.add_parser("suppressions", help="manage the suppression list")
+    ssub = sup.add_subparsers(dest="action", required=True)
+    imp = ssub.add_parser("import", help="import a CSV/JSON Lines file (ours, SES, SendGrid)")
+    imp.add_argument("file", help="path, or - for stdin")
+    imp.add_argument("--format", choices=IMPORT_FORMATS, default="auto")
+    imp.add_argument("--sendgrid-list", choices=SENDGRID_LISTS, default=None)
+    imp.add_argument("--unsubscribe-scope", default="marketing")
+    exp = ssub.add_parser("export", help="export every entry with its history")
+    exp.add_argument("--format", choices=EXPORT_FORMATS, default="csv")
+    exp.add_argument("--since", type=_iso_time, default=None, help="ISO 8601 time with zone")
+    exp.add_argument("--output", "-o", default="-", help="file, or - for stdout")
+    chk = ssub.add_parser("check", help="print the suppressed ones among addresses")
+    chk.add_argument("--channel", choices=CHANNELS, required=True)
+    chk.add_argument("--category", choices=("transactional", "marketing"), default="marketing")
+    chk.add_argument("--topic", default=None)
+    chk.add_argument("addresses", nargs="*", help="addresses (default: one per line on stdin)")
+    add = ssub.add_parser("add", help="suppress one address")
+    add.add_argument("--channel", choices=CHANNELS, required=True)
+    add.add_argument("--reason", choices=REASONS, required=True)
+    add.add_argument("--scope", default="all")
+    add.add_argument("--expires-at", type=_iso_time, default=None)
+    add.add_argument("address")
+    rem = ssub.add_parser("remove", help="remove the suppressions of one address")
+    rem.add_argument("--channel", choices=CHANNELS, required=True)
+    rem.add_argument("--reason", required=True, help="why (written to history)")
+    rem.add_argument("--scope", default=None, help="only this scope (default: all scopes)")
+    rem.add_argument("--force", action="store_true", help="needed for complaint/sms_stop")
+    rem.add_argument("address")
+    sup.set_defaults(func=cmd_suppressions)
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    """List, show, redrive and discard dead-letter entries (bulk redrive shows progress)."""
+    from gateway.runtime import prepare, services_for
+    from retry import commands
+    from retry.dlq import DeadLetterFilter
+
+    entry_id: uuid.UUID | None = None
+    if getattr(args, "id", None):
+        try:
+            entry_id = uuid.UUID(args.id)
+        except ValueError:
+            print(f"gateway: not an entry id: {args.id}", file=sys.stderr)
+            return 2
+    bulk = args.action == "redrive" and entry_id is None
+    filters = DeadLetterFilter(
+        reason=getattr(args, "reason", None) if args.action != "discard" else None,
+        channel=getattr(args, "channel", None),
+        since=getattr(args, "since", None),
+        until=getattr(args, "until", None),
+        state=getattr(args, "state", "open"),
+    )
+    if bulk and not (
+        args.all or filters.reason or filters.channel or filters.since or filters.until
+    ):
+        print(
+            "gateway: give an entry id, or filters (--reason/--channel/--since/--until), "
+            "or --all to redrive every open entry",
+            file=sys.stderr,
+        )
+        return 2
+    settings = _settings()
+    _logging(settings)
+    services = services_for(prepare(settings))
+    actor = _cli_actor()
+
+    async def run() -> int:
+        try:
+            if args.action == "list":
+                await commands.list_entries(
+                    services.sessions,
+                    filters,
+                    limit=args.limit,
+                    as_json=args.json,
+                    out=sys.stdout,
+                    err=sys.stderr,
+                )
+            elif args.action == "show":
+                assert entry_id is not None
+                await commands.show_entry(services.sessions, entry_id, out=sys.stdout)
+            elif args.action == "redrive" and entry_id is not None:
+                await commands.redrive_one(
+                    services.sessions, entry_id, actor=actor, note=args.note, err=sys.stderr
+                )
+            elif args.action == "redrive":
+                await commands.redrive_many(
+                    services.sessions, filters, actor=actor, note=args.note, err=sys.stderr
+                )
+            else:
+                assert entry_id is not None
+                await commands.discard_entry(
+                    services.sessions, entry_id, actor=actor, reason=args.reason, err=sys.stderr
+                )
+            return 0
+        except commands.CommandError as exc:
+            print(f"gateway: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            await services.close()
+
+    return asyncio.run(run())
+
+
+def _dlq_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from retry.settings import CHANNELS
+
+    def filters(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--reason", default=None, help="max_attempts, expired, unknown_outcome, ...")
+        p.add_argument("--channel", choices=CHANNELS, default=None)
+        p.add_argument("--since", type=_iso_time, default=None, help="ISO 8601 time with zone")
+        p.add_argument("--until", type=_iso_time, default=None, help="ISO 8601 time with zone")
+
+    dlq = sub.add_parser("dlq", help="inspect and resolve the dead-letter queue")
+    dsub = dlq.add_subparsers(dest="action", required=True)
+    lst = dsub.add_parser("list", help="list entries, newest first")
+    filters(lst)
+    lst.add_argument("--state", choices=("open", "redriven", "discarded", "all"), default="open")
+    lst.add_argument("--limit", type=int, default=100)
+    lst.add_argument("--json", action="store_true", help="JSON Lines instead of columns")
+    show = dsub.add_parser("show", help="show one entry with its attempt history (JSON)")
+    show.add_argument("id")
+    red = dsub.add_parser(
+        "redrive", help="redrive one entry, or every open one matching filters (progress bar)"
+    )
+    red.add_argument("id", nargs="?", default=None)
+    filters(red)
+    red.add_argument("--all", action="store_true", help="every open entry (no filter)")
+    red.add_argument("--note", default=None, help="kept with the entry")
+    dis = dsub.add_parser("discard", help="discard one entry (kept as history)")
+    dis.add_argument("id")
+    dis.add_argument("--reason", required=True, help="why (kept with the entry)")
+    dlq.set_defaults(func=cmd_dlq)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `gateway` command."""
     parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
@@ -192,6 +495,13 @@ def build_parser() -> argparse.ArgumentParser:
     kr = ksub.add_parser("revoke", help="revoke a key by id")
     kr.add_argument("id")
     keys.set_defaults(func=cmd_keys)
+    rot = ksub.add_parser(
+        "rotate-encryption", help="re-encrypt every stored ciphertext with the newest key"
+    )
+    rot.add_argument("--batch-size", type=int, default=500)
+    rot.set_defaults(func=cmd_rotate_encryption)
+    _suppressions_parser(sub)
+    _dlq_parser(sub)
     return parser
 
 

@@ -21,6 +21,9 @@ from cryptography.fernet import Fernet
 
 from retry.settings import UNKNOWN_OUTCOME_POLICIES, parse_policies, parse_rate_limits
 from retry.settings import RetrySettings as RetrySettings  # re-exported: gateway.settings API
+from sender.classify import parse_overrides
+from webhooks.settings import WebhookSettings as WebhookSettings  # re-exported
+from webhooks.settings import parse_classification_overrides
 
 T = TypeVar("T")
 
@@ -62,8 +65,25 @@ class Settings:
     max_body_bytes: int = 1024 * 1024
     default_region: str = "US"
     sns_max_age_seconds: float = 3600.0
+    # Optional `mailto:` URI added to List-Unsubscribe next to the one-click HTTPS URL.
+    unsubscribe_mailto: str | None = None
     log_level: str = "INFO"
     retry: RetrySettings = field(default_factory=RetrySettings)
+    # Feedback path (webhooks package): soft bounces, feedback retry cap, classification.
+    webhooks: WebhookSettings = field(default_factory=WebhookSettings)
+    # Send path (sender package).
+    # `<provider>:<code>` -> class, overriding sender.classify's table.
+    send_error_overrides: Mapping[str, str] = field(default_factory=dict)
+    # Deliveries of one request sent at the same time.
+    send_concurrency: int = 4
+    provider_connect_timeout_seconds: float = 5.0
+    provider_read_timeout_seconds: float = 15.0
+    # botocore's own attempts per SendEmail (1 = no botocore retry; see sender/providers/ses).
+    ses_max_attempts: int = 1
+    # How long after a sandbox send its simulated callbacks arrive (per event).
+    sandbox_feedback_delay_seconds: float = 0.2
+    # AWS_REGION (or AWS_DEFAULT_REGION): the SES region.
+    aws_region: str | None = None
 
     @property
     def embedded_database(self) -> bool:
@@ -211,6 +231,46 @@ def _retry(env: Mapping[str, str]) -> RetrySettings:
     )
 
 
+def _mailto(env: Mapping[str, str], name: str) -> str | None:
+    # A bare address is accepted and stored as the full URI the header needs.
+    value = _str(env, name)
+    if value is None:
+        return None
+    uri = value if value.lower().startswith("mailto:") else f"mailto:{value}"
+    address = uri[len("mailto:") :].split("?", 1)[0]
+    if "@" not in address or any(c in uri for c in " <>\r\n"):
+        raise SettingsError(name, "must be an email address or a mailto: URI")
+    return uri
+
+
+def _webhooks(env: Mapping[str, str]) -> WebhookSettings:
+    d = WebhookSettings()
+    return WebhookSettings(
+        soft_bounce_threshold=_number(
+            env, "GATEWAY_SOFT_BOUNCE_THRESHOLD", d.soft_bounce_threshold, int, 1
+        ),
+        soft_bounce_window_seconds=_number(
+            env, "GATEWAY_SOFT_BOUNCE_WINDOW_SECONDS", d.soft_bounce_window_seconds, float, 1.0
+        ),
+        soft_bounce_suppression_seconds=_number(
+            env,
+            "GATEWAY_SOFT_BOUNCE_SUPPRESSION_SECONDS",
+            d.soft_bounce_suppression_seconds,
+            float,
+            1.0,
+        ),
+        feedback_retry_max_seconds=_number(
+            env, "GATEWAY_FEEDBACK_RETRY_MAX_SECONDS", d.feedback_retry_max_seconds, float, 0.0
+        ),
+        classification_overrides=_parsed(
+            env,
+            "GATEWAY_FEEDBACK_CLASSIFICATION_OVERRIDES",
+            parse_classification_overrides,
+            d.classification_overrides,
+        ),
+    )
+
+
 def _parsed(env: Mapping[str, str], name: str, parse: Callable[[str], T], default: T) -> T:
     raw = _str(env, name)
     if raw is None:
@@ -257,8 +317,23 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_body_bytes=_number(env, "GATEWAY_MAX_BODY_BYTES", 1024 * 1024, int, 1024),
         default_region=(_str(env, "GATEWAY_DEFAULT_REGION") or "US").upper(),
         sns_max_age_seconds=_number(env, "GATEWAY_SNS_MAX_AGE_SECONDS", 3600.0, float, 1.0),
+        unsubscribe_mailto=_mailto(env, "GATEWAY_UNSUBSCRIBE_MAILTO"),
         log_level=_choice(env, "GATEWAY_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR")),
         retry=_retry(env),
+        webhooks=_webhooks(env),
+        send_error_overrides=_parsed(env, "GATEWAY_SEND_ERROR_OVERRIDES", parse_overrides, {}),
+        send_concurrency=_number(env, "GATEWAY_SEND_CONCURRENCY", 4, int, 1),
+        provider_connect_timeout_seconds=_number(
+            env, "GATEWAY_PROVIDER_CONNECT_TIMEOUT_SECONDS", 5.0, float, 0.1
+        ),
+        provider_read_timeout_seconds=_number(
+            env, "GATEWAY_PROVIDER_READ_TIMEOUT_SECONDS", 15.0, float, 0.1
+        ),
+        ses_max_attempts=_number(env, "GATEWAY_SES_MAX_ATTEMPTS", 1, int, 1),
+        sandbox_feedback_delay_seconds=_number(
+            env, "GATEWAY_SANDBOX_FEEDBACK_DELAY_SECONDS", 0.2, float, 0.0
+        ),
+        aws_region=_str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION"),
     )
     _check_consistency(settings, env)
     return settings

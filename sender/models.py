@@ -46,6 +46,9 @@ class Message(Base):
     content_encrypted: Mapped[str | None] = mapped_column(Text)
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB, default=dict)
     response_code: Mapped[int | None] = mapped_column(SmallInteger)
+    # The first answer per delivery, for idempotent replays: [{"id", "status", "reason"}] in
+    # request order. No addresses: the replay decrypts them from the deliveries.
+    first_answers: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     completed_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
@@ -69,6 +72,8 @@ class Delivery(Base):
     message_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("messages.id", ondelete="CASCADE"), index=True
     )
+    # Index of the recipient in the request's `to` list.
+    position: Mapped[int] = mapped_column(SmallInteger, default=0)
     channel: Mapped[str] = mapped_column(String(16))
     recipient_hash: Mapped[str] = mapped_column(String(64))
     # Fernet ciphertext of the normalized recipient; NULL after erasure.

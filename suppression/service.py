@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import phonenumbers
 from sqlalchemy import or_, select, tuple_
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -43,6 +44,40 @@ ERASE_ACTION = "erase"
 PERSONAL_EVIDENCE_KEYS = ("user_agent", "client_ip")
 
 _SCOPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+_EMAIL_LIKE = re.compile(r"[^\s<>()\[\]\"',;:]+@[^\s<>()\[\]\"',;:]+")
+_MAX_TEXT = 500
+
+
+def address_patterns(address: Address) -> list[str]:
+    """Regular expressions (valid in Python and in PostgreSQL) matching how an address is
+    written in free text: an email in its normalized and display forms (match them
+    case-insensitively); a phone number's digits, international or national, in any common
+    formatting (`+1 (202) 555-0143`, `2025550143`, `020 7183 8750`)."""
+    if address.channel == "sms":
+        digits = address.key.lstrip("+")
+        national = str(phonenumbers.parse(address.key).national_number)
+        return [
+            r"(?<![0-9])\+?" + r"[\s().-]*".join(digits) + r"(?![0-9])",
+            # the national form, with the trunk prefix many countries write (0...)
+            r"(?<![0-9])(?:0[\s().-]*)?" + r"[\s().-]*".join(national) + r"(?![0-9])",
+        ]
+    return [re.escape(form) for form in sorted({address.key, address.display}, key=len)]
+
+
+def redact_text(text: str, address: Address | None = None) -> str:
+    """Free text fit for history/evidence: email-like tokens and `address` become `[address]`."""
+    text = _EMAIL_LIKE.sub("[address]", text)
+    if address is not None:
+        for pattern in address_patterns(address):
+            text = re.sub(pattern, "[address]", text, flags=re.IGNORECASE)
+    return text[:_MAX_TEXT]
+
+
+def _upgrades(existing: str, new: str) -> bool:
+    """Whether a new reason replaces the reason of an existing active entry."""
+    return new in PROTECTED_REASONS and existing not in PROTECTED_REASONS
 
 
 def validate_entry(channel: str, reason: str, scope: str) -> None:
@@ -175,9 +210,11 @@ async def add(
     """Suppress `address` for `scope`; returns (entry, created).
 
     An existing active entry for the same scope is kept as it is (first reason wins, the new
-    evidence is still written to history unless `record_existing` is false). An expired entry
-    is renewed in place. For an address whose data was erased, the entry is stored without
-    ciphertext (hash only).
+    evidence is still written to history unless `record_existing` is false), except that a
+    protected reason (complaint, sms_stop) replaces an unprotected one (`upgrade` in history),
+    so that a complaint can never hide behind, say, a bounce that an operator may lift without
+    `force`. An expired entry is renewed in place. For an address whose data was erased, the
+    entry is stored without ciphertext (hash only).
     """
     if reason not in REASONS:
         raise ValueError(f"unknown reason {reason!r}")
@@ -212,12 +249,22 @@ async def add(
             )
         )
     ).scalar_one()
+    action = "add" if created else "add_existing"
+    details: dict[str, Any] = {
+        "evidence": source.evidence,
+        "expires_at": expires_at.isoformat() if expires_at else None,
+    }
     if not created and entry.expires_at is not None and entry.expires_at <= now:
         # An expired entry is renewed with the new reason and source.
         for key in ("reason", "source_type", "source_id", "evidence", "created_at", "expires_at"):
             setattr(entry, key, values[key])
-        created = True
-    if not created and not record_existing:
+        created, action = True, "add"
+    elif not created and _upgrades(entry.reason, reason):
+        details["previous_reason"] = entry.reason
+        for key in ("reason", "source_type", "source_id", "evidence", "expires_at"):
+            setattr(entry, key, values[key])
+        action = "upgrade"
+    if action == "add_existing" and not record_existing:
         return entry, False
     session.add(
         SuppressionHistory(
@@ -225,15 +272,12 @@ async def add(
             channel=address.channel,
             address_hash=address_hash,
             scope=scope,
-            action="add" if created else "add_existing",
+            action=action,
             reason=reason,
             actor=source.actor,
             source_type=source.type,
             source_id=source.id,
-            details={
-                "evidence": source.evidence,
-                "expires_at": expires_at.isoformat() if expires_at else None,
-            },
+            details=details,
             at=now,
         )
     )
@@ -301,7 +345,7 @@ async def erased_hashes(
         )
         .distinct()
     )
-    return {(c, h) for c, h in rows.tuples()}
+    return {(c, h) for c, h in rows.all()}
 
 
 @dataclass(frozen=True)
@@ -327,8 +371,9 @@ async def add_many(
     """Batch form of `add` (used by imports): one flag per input, True when it was added.
 
     Same rules as `add`: an existing active entry stays as it is (and nothing is written for
-    it), an expired one is renewed, erased addresses are stored without ciphertext. A repeat of
-    the same (channel, address, scope) inside the batch counts as already present.
+    it) unless a protected reason upgrades it (counted as already present, written to history
+    as `upgrade`), an expired one is renewed, erased addresses are stored without ciphertext.
+    A repeat of the same (channel, address, scope) inside the batch counts as already present.
     """
     now = utcnow()
     keyed = [
@@ -341,7 +386,9 @@ async def add_many(
     erased = await erased_hashes(session, [(c, h) for c, h, _ in keyed])
     first: dict[tuple[str, str, str], int] = {}
     for index, key in enumerate(keyed):
-        first.setdefault(key, index)
+        chosen = first.get(key)
+        if chosen is None or _upgrades(entries[chosen].reason, entries[index].reason):
+            first[key] = index
     if not first:
         return []
     rows = []
@@ -370,48 +417,61 @@ async def add_many(
         .on_conflict_do_nothing(constraint="uq_suppressions_address_scope")
         .returning(Suppression.id, Suppression.channel, Suppression.address_hash, Suppression.scope)
     )
-    added: dict[tuple[str, str, str], Any] = {(c, h, s): i for i, c, h, s in inserted.tuples()}
+    added: dict[tuple[str, str, str], Any] = {(c, h, s): i for i, c, h, s in inserted.all()}
     conflicting = [key for key in first if key not in added]
+    # key -> (suppression id, action, reason it replaced)
+    changed: dict[tuple[str, str, str], tuple[Any, str, str | None]] = {
+        key: (suppression_id, "add", None) for key, suppression_id in added.items()
+    }
     if conflicting:
-        expired = (
+        existing = (
             await session.execute(
                 select(Suppression)
                 .where(
                     tuple_(Suppression.channel, Suppression.address_hash, Suppression.scope).in_(
                         conflicting
                     ),
-                    Suppression.expires_at <= now,
                 )
                 .with_for_update()
             )
         ).scalars()
-        for row in expired:
-            entry = entries[first[(row.channel, row.address_hash, row.scope)]]
+        for row in existing:
+            key = (row.channel, row.address_hash, row.scope)
+            entry = entries[first[key]]
+            expired = row.expires_at is not None and row.expires_at <= now
+            if not expired and not _upgrades(row.reason, entry.reason):
+                continue
+            previous = None if expired else row.reason
             row.reason = entry.reason
             row.source_type = source_type
             row.source_id = source_id
             row.evidence = entry.evidence
-            row.created_at = now
             row.expires_at = entry.expires_at
-            added[(row.channel, row.address_hash, row.scope)] = row.id
+            if expired:
+                row.created_at = now
+                added[key] = row.id
+            changed[key] = (row.id, "add" if expired else "upgrade", previous)
     history = []
-    for key, suppression_id in added.items():
+    for key, (suppression_id, action, previous) in changed.items():
         entry = entries[first[key]]
+        details: dict[str, Any] = {
+            "evidence": entry.evidence,
+            "expires_at": entry.expires_at.isoformat() if entry.expires_at else None,
+        }
+        if previous is not None:
+            details["previous_reason"] = previous
         history.append(
             {
                 "suppression_id": suppression_id,
                 "channel": key[0],
                 "address_hash": key[1],
                 "scope": key[2],
-                "action": "add",
+                "action": action,
                 "reason": entry.reason,
                 "actor": actor,
                 "source_type": source_type,
                 "source_id": source_id,
-                "details": {
-                    "evidence": entry.evidence,
-                    "expires_at": entry.expires_at.isoformat() if entry.expires_at else None,
-                },
+                "details": details,
                 "at": now,
             }
         )
@@ -444,3 +504,58 @@ async def history_for(
         .order_by(SuppressionHistory.id)
     )
     return list(rows.scalars())
+
+
+class NothingToRemove(LookupError):
+    """No entry matches the address (and scope) given."""
+
+
+class ProtectedSuppression(PermissionError):
+    """Removing these entries needs an explicit force (complaint, sms_stop)."""
+
+    def __init__(self, reasons: list[str]) -> None:
+        super().__init__(f"removing {', '.join(reasons)} entries needs force")
+        self.reasons = reasons
+
+
+async def remove_by_operator(
+    session: AsyncSession,
+    channel: str,
+    address_hash: str,
+    *,
+    reason: str,
+    actor: str,
+    scope: str | None = None,
+    force: bool = False,
+    address: Address | None = None,
+) -> list[Suppression]:
+    """An operator's removal: a reason is required, protected reasons need `force`.
+
+    Raises `ValueError` (no reason), `NothingToRemove` or `ProtectedSuppression`; nothing is
+    changed in those cases. A forced removal is marked as such in history. The free-text
+    reason goes to history with email-like tokens and the given `address` redacted, since
+    history must never hold an address in plaintext.
+    """
+    if not reason.strip():
+        raise ValueError("a removal reason is required")
+    query = select(Suppression.reason).where(
+        Suppression.channel == channel, Suppression.address_hash == address_hash
+    )
+    if scope is not None:
+        query = query.where(Suppression.scope == scope)
+    reasons = set((await session.execute(query)).scalars())
+    if not reasons:
+        raise NothingToRemove("no suppression matches this address and scope")
+    protected = sorted(reasons & set(PROTECTED_REASONS))
+    if protected and not force:
+        raise ProtectedSuppression(protected)
+    return await remove(
+        session,
+        channel,
+        address_hash,
+        reason=redact_text(reason.strip(), address),
+        scope=scope,
+        source=Source(
+            "operator", actor, actor=actor, evidence={"forced": True} if protected else {}
+        ),
+    )

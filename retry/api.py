@@ -1,0 +1,220 @@
+"""Operator API of the dead-letter queue (scope `admin`).
+
+`GET /v1/dlq` lists entries (filters: reason, channel, since/until on the dead-letter time,
+state; cursor pagination), `GET /v1/dlq/{id}` shows one with its attempt history,
+`POST /v1/dlq/{id}/redrive` and `POST /v1/dlq/redrive` (bulk, same filters) put deliveries
+back on the queue with a fresh attempt budget (the dispatch checks suppression again), and
+`DELETE /v1/dlq/{id}?reason=...` discards an entry, which stays as history.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from litestar import Controller, Request, delete, get, post
+from litestar.exceptions import ClientException, HTTPException, NotFoundException
+from litestar.params import Parameter, QueryParameter
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from retry import dlq
+
+EntryState = Literal["open", "redriven", "discarded", "all"]
+
+
+@dataclass
+class DeadLetterView:
+    """A dead-letter entry as listed."""
+
+    id: uuid.UUID
+    delivery_id: uuid.UUID
+    channel: str
+    reason: str
+    last_error: str | None
+    created_at: dt.datetime
+    # open | redriven | discarded
+    state: str
+    resolution_reason: str | None
+    resolved_by: str | None
+    resolved_at: dt.datetime | None
+    # The delivery's status now (a late callback may have moved a dead delivery on).
+    delivery_status: str | None
+
+
+@dataclass
+class DeadLetterDetail(DeadLetterView):
+    """One entry with the delivery's attempt history at the time it was dead-lettered."""
+
+    attempt_history: list[dict[str, Any]]
+
+
+@dataclass
+class DeadLetterPage:
+    """A page of entries, newest first; pass `next_cursor` as `cursor` for the next one."""
+
+    items: list[DeadLetterView]
+    next_cursor: str | None
+
+
+@dataclass
+class RedriveRequest:
+    """Optional note stored with a redrive."""
+
+    note: str | None = None
+
+
+@dataclass
+class BulkRedriveRequest:
+    """Which open entries to redrive (all of them when no filter is given)."""
+
+    reason: str | None = None
+    channel: str | None = None
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+    note: str | None = None
+
+
+@dataclass
+class BulkRedriveResult:
+    """How many entries were redriven."""
+
+    redriven: int
+
+
+def entry_view(entry: dlq.Entry) -> DeadLetterView:
+    """The API view of an entry."""
+    r = entry.row
+    return DeadLetterView(
+        id=r.id,
+        delivery_id=r.delivery_id,
+        channel=r.channel,
+        reason=r.reason,
+        last_error=r.last_error,
+        created_at=r.created_at,
+        state=r.resolution or "open",
+        resolution_reason=r.resolution_reason,
+        resolved_by=r.resolved_by,
+        resolved_at=r.resolved_at,
+        delivery_status=entry.delivery_status,
+    )
+
+
+def entry_detail(entry: dlq.Entry) -> DeadLetterDetail:
+    """The API view of an entry with its attempt history."""
+    return DeadLetterDetail(**vars(entry_view(entry)), attempt_history=entry.row.attempt_history)
+
+
+def _aware(value: dt.datetime | None) -> dt.datetime | None:
+    # A time without a zone is taken as UTC (every stored time is UTC).
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    return value
+
+
+def _actor(request: Request[Any, Any, Any]) -> str:
+    principal = getattr(request.state, "principal", None)
+    key_id = getattr(principal, "key_id", None)
+    return f"api_key:{key_id}" if key_id is not None else "api"
+
+
+class DeadLetterController(Controller):
+    """List, inspect, redrive and discard dead-lettered deliveries."""
+
+    path = "/v1/dlq"
+    tags = ["dlq"]
+    opt = {"scope": "admin"}
+
+    @get("/", summary="List dead-letter entries")
+    async def list_entries(
+        self,
+        db_session: AsyncSession,
+        reason: str | None = None,
+        channel: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        entry_state: Annotated[EntryState, QueryParameter(name="state")] = "open",
+        limit: Annotated[int, Parameter(ge=1, le=500)] = 50,
+        cursor: str | None = None,
+    ) -> DeadLetterPage:
+        """Entries newest first. `state` defaults to `open` (unresolved)."""
+        f = dlq.DeadLetterFilter(reason, channel, _aware(since), _aware(until), entry_state)
+        try:
+            entries, next_cursor = await dlq.list_entries(db_session, f, limit=limit, cursor=cursor)
+        except dlq.BadCursor:
+            raise ClientException("The cursor is not valid.") from None
+        return DeadLetterPage([entry_view(e) for e in entries], next_cursor)
+
+    @get("/{entry_id:uuid}", summary="Show a dead-letter entry with its attempt history")
+    async def show(self, entry_id: uuid.UUID, db_session: AsyncSession) -> DeadLetterDetail:
+        """One entry; 404 when there is none."""
+        try:
+            return entry_detail(await dlq.get_entry(db_session, entry_id))
+        except dlq.DeadLetterNotFound:
+            raise NotFoundException(f"No dead-letter entry {entry_id}.") from None
+
+    @post("/{entry_id:uuid}/redrive", status_code=200, summary="Redrive one entry")
+    async def redrive(
+        self,
+        entry_id: uuid.UUID,
+        request: Request[Any, Any, Any],
+        db_session: AsyncSession,
+        data: RedriveRequest | None = None,
+    ) -> DeadLetterDetail:
+        """Queue the delivery again with a fresh attempt budget; 409 when the entry is
+        resolved already or its delivery is no longer dead."""
+        try:
+            entry = await dlq.redrive(
+                db_session, entry_id, actor=_actor(request), note=data.note if data else None
+            )
+        except dlq.DeadLetterNotFound:
+            raise NotFoundException(f"No dead-letter entry {entry_id}.") from None
+        except dlq.DeadLetterConflict as exc:
+            await db_session.rollback()
+            raise HTTPException(status_code=409, detail=str(exc)) from None
+        await db_session.commit()
+        return entry_detail(entry)
+
+    @post("/redrive", status_code=200, summary="Redrive every open entry matching the filters")
+    async def redrive_bulk(
+        self,
+        request: Request[Any, Any, Any],
+        db_session: AsyncSession,
+        data: BulkRedriveRequest | None = None,
+    ) -> BulkRedriveResult:
+        """Redrive open entries (whose delivery is still dead) by reason, channel and time;
+        committed in batches. Returns how many."""
+        data = data or BulkRedriveRequest()
+        f = dlq.DeadLetterFilter(data.reason, data.channel, _aware(data.since), _aware(data.until))
+        total = 0
+        while True:
+            n = await dlq.redrive_batch(db_session, f, actor=_actor(request), note=data.note)
+            await db_session.commit()
+            if n == 0:
+                return BulkRedriveResult(total)
+            total += n
+
+    @delete("/{entry_id:uuid}", status_code=200, summary="Discard an entry (kept as history)")
+    async def discard(
+        self,
+        entry_id: uuid.UUID,
+        request: Request[Any, Any, Any],
+        db_session: AsyncSession,
+        reason: Annotated[str, Parameter(min_length=1, max_length=1000)],
+    ) -> DeadLetterDetail:
+        """Resolve the entry as discarded with a required `reason`; the delivery stays dead."""
+        if not reason.strip():
+            raise ClientException("A reason is required.")
+        try:
+            entry = await dlq.discard(db_session, entry_id, actor=_actor(request), reason=reason)
+        except dlq.DeadLetterNotFound:
+            raise NotFoundException(f"No dead-letter entry {entry_id}.") from None
+        except dlq.DeadLetterConflict as exc:
+            await db_session.rollback()
+            raise HTTPException(status_code=409, detail=str(exc)) from None
+        await db_session.commit()
+        return entry_detail(entry)
+
+
+__all__ = ["DeadLetterController", "entry_detail", "entry_view"]

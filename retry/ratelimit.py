@@ -1,0 +1,218 @@
+"""Token-bucket rate limits per provider and per Twilio sender, with a priority reservation.
+
+`acquire(key, priority)` takes one token or answers False at once (it never waits): the send
+path then defers the delivery to a near time without calling the provider and without
+counting an attempt. A bucket refills `rate` tokens per second up to its capacity.
+
+Priority reservation: `low` may only take a token while the bucket keeps at least
+`(1 - low_share) * capacity` tokens after taking it, so a campaign can use at most `low_share`
+of a bucket and an OTP (`high`) still finds a token under a full low-priority load. `normal`
+and `high` may use the whole bucket. Capacities are raised where needed so that the reserve
+holds at least one whole token and low priority can take at least one.
+
+Two implementations with one interface: `RedisTokenBucket` (one atomic Lua script, shared by
+every process; the clock is Redis's own unless one is injected) and `InProcessTokenBucket`.
+Keys without a configured rate are not limited.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from redis.asyncio import Redis
+
+from retry.settings import RateSpec, RetrySettings
+
+Clock = Callable[[], float]
+PRIORITIES = ("high", "normal", "low")
+# Float noise must not turn "exactly one token left above the reserve" into a refusal.
+_EPSILON = 1e-9
+
+
+class RateLimiter(Protocol):
+    """Answers whether a send may go out now."""
+
+    async def acquire(self, key: str, priority: str) -> bool:
+        """Take one token for `key` ("ses", "twilio:<from or service sid>") at `priority`."""
+        ...
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """The effective shape of one bucket."""
+
+    rate: float
+    capacity: float
+    # Tokens a low-priority take must leave in the bucket.
+    low_reserve: float
+
+    def floor_for(self, priority: str) -> float:
+        """Tokens that must remain after a take at this priority."""
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}")
+        return self.low_reserve if priority == "low" else 0.0
+
+
+def bucket_for(spec: RateSpec, low_share: float) -> Bucket:
+    """The bucket for a configured rate: capacity defaults to one second's worth of tokens."""
+    capacity = spec.burst if spec.burst is not None else max(spec.rate, 1.0)
+    if low_share < 1.0:
+        # Keep >= 1 whole token for high/normal and let low take >= 1 token.
+        capacity = max(capacity, 1.0 / (1.0 - low_share), 1.0 / low_share)
+        capacity = float(math.ceil(capacity - _EPSILON))
+    return Bucket(spec.rate, capacity, (1.0 - low_share) * capacity)
+
+
+class BucketConfig:
+    """Resolves a key to its bucket: exact key first, then `<provider>:*`, else unlimited."""
+
+    def __init__(self, limits: Mapping[str, RateSpec], low_share: float) -> None:
+        if not 0.0 < low_share <= 1.0:
+            raise ValueError("low_share must be in (0, 1]")
+        self._buckets = {key: bucket_for(spec, low_share) for key, spec in limits.items()}
+
+    def lookup(self, key: str) -> Bucket | None:
+        """The bucket for `key`, or None when the key is not limited."""
+        bucket = self._buckets.get(key)
+        if bucket is None and ":" in key:
+            bucket = self._buckets.get(key.split(":", 1)[0] + ":*")
+        return bucket
+
+
+def take(
+    tokens: float, last: float, now: float, bucket: Bucket, floor: float
+) -> tuple[bool, float, float]:
+    """The token-bucket step (pure): refill since `last`, then take one if `floor` allows.
+
+    Returns (taken, tokens, last). A clock that went backwards refills nothing.
+    """
+    if now > last:
+        tokens = min(bucket.capacity, tokens + (now - last) * bucket.rate)
+        last = now
+    if tokens - 1.0 >= floor - _EPSILON:
+        return True, tokens - 1.0, last
+    return False, tokens, last
+
+
+class InProcessTokenBucket:
+    """Buckets in this process's memory (no Redis): same rules, not shared."""
+
+    def __init__(
+        self, limits: Mapping[str, RateSpec], *, low_share: float = 0.6, clock: Clock | None = None
+    ) -> None:
+        self._config = BucketConfig(limits, low_share)
+        self._clock = clock or time.monotonic
+        self._state: dict[str, tuple[float, float]] = {}
+
+    async def acquire(self, key: str, priority: str) -> bool:
+        """Take one token for `key` at `priority`; False when none is available to it."""
+        bucket = self._config.lookup(key)
+        if bucket is None:
+            return True
+        floor = bucket.floor_for(priority)
+        now = self._clock()
+        tokens, last = self._state.get(key, (bucket.capacity, now))
+        taken, tokens, last = take(tokens, last, now, bucket, floor)
+        self._state[key] = (tokens, last)
+        return taken
+
+
+# KEYS[1] bucket hash; ARGV: rate, capacity, floor, now (negative = use Redis TIME), ttl ms.
+# Same step as `take` above; the state is (tokens, ts) in one hash, expiring once full again.
+_BUCKET_LUA = """
+local rate = tonumber(ARGV[1])
+local capacity = tonumber(ARGV[2])
+local floor = tonumber(ARGV[3])
+local now = tonumber(ARGV[4])
+if now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(state[1])
+local ts = tonumber(state[2])
+if tokens == nil or ts == nil then
+  tokens = capacity
+  ts = now
+end
+if now > ts then
+  tokens = math.min(capacity, tokens + (now - ts) * rate)
+  ts = now
+end
+local taken = 0
+if tokens - 1 >= floor - 1e-9 then
+  tokens = tokens - 1
+  taken = 1
+end
+redis.call('HSET', KEYS[1], 'tokens', string.format('%.9f', tokens),
+           'ts', string.format('%.6f', ts))
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return taken
+"""
+
+
+class RedisTokenBucket:
+    """Buckets in Redis, shared by every process: one atomic script call per acquire."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        limits: Mapping[str, RateSpec],
+        *,
+        prefix: str = "gw:",
+        low_share: float = 0.6,
+        clock: Clock | None = None,
+    ) -> None:
+        self._config = BucketConfig(limits, low_share)
+        self._redis = redis
+        self._prefix = prefix
+        self._clock = clock
+        self._script = redis.register_script(_BUCKET_LUA)
+
+    async def acquire(self, key: str, priority: str) -> bool:
+        """Take one token for `key` at `priority`; False when none is available to it."""
+        bucket = self._config.lookup(key)
+        if bucket is None:
+            return True
+        floor = bucket.floor_for(priority)
+        now = self._clock() if self._clock is not None else -1.0
+        # Idle buckets are full again after capacity/rate seconds; drop them then.
+        ttl_ms = math.ceil(bucket.capacity / bucket.rate * 1000) + 1000
+        result = await self._script(
+            keys=[f"{self._prefix}rl:{key}"],
+            args=[repr(bucket.rate), repr(bucket.capacity), repr(floor), repr(now), ttl_ms],
+        )
+        return int(result) == 1
+
+
+def build_limiter(
+    settings: RetrySettings, *, redis: Redis | None, prefix: str, clock: Clock | None = None
+) -> RateLimiter:
+    """The shared Redis limiter when Redis is configured, else the in-process one."""
+    if redis is not None:
+        return RedisTokenBucket(
+            redis,
+            settings.rate_limits,
+            prefix=prefix,
+            low_share=settings.low_priority_share,
+            clock=clock,
+        )
+    return InProcessTokenBucket(
+        settings.rate_limits, low_share=settings.low_priority_share, clock=clock
+    )
+
+
+__all__ = [
+    "Bucket",
+    "BucketConfig",
+    "InProcessTokenBucket",
+    "RateLimiter",
+    "RedisTokenBucket",
+    "bucket_for",
+    "build_limiter",
+    "take",
+]

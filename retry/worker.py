@@ -1,0 +1,296 @@
+"""The retry worker: claims due deliveries and sends them through the send path's dispatch.
+
+One round (`run_once`):
+
+1. In one short transaction: pick up to `batch` due deliveries (`next_attempt_at <= now`,
+   status queued/retrying/unknown), highest priority first, then oldest due time, with
+   `FOR UPDATE SKIP LOCKED` (served by the partial index `ix_deliveries_due`), claim them by
+   taking them off the queue (`next_attempt_at=NULL`, `updated_at` = claim time; the status
+   stays, so the dispatch still sees a dispatchable delivery and sets `sending` itself when
+   it writes the attempt), and settle the ones that must not be sent again: deadline passed
+   -> dead letter `expired`; a non-transactional delivery whose outcome stayed unknown
+   through the settle window -> dead letter `unknown_outcome` (unless configured to retry);
+   attempt budget used up -> dead letter `max_attempts` (not for `queued` ones: a deferral
+   or an account-level pause is not held to the budget, only to the deadline). COMMIT.
+2. Outside any transaction, call `dispatch(delivery_id)` for each remaining claimed row (a
+   bounded number at a time, in priority order). The dispatch re-checks suppression and the
+   deadline, makes one provider attempt, records it and reschedules or dead-letters itself.
+
+Because claims are row locks taken with SKIP LOCKED and committed as "off the queue", any
+number of workers in any number of processes can run side by side: each due row is claimed
+by exactly one of them. A claim whose worker died before dispatching is put back on the
+queue by the sweeper. The worker is handed `dispatch` by the composition root; `retry`
+never imports `sender`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Row, bindparam, select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from retry.dlq import dead_letter
+from retry.policy import backoff_from_settings
+from retry.queue import CLAIMABLE_STATUSES, PRIORITY_NAMES, deliveries
+from retry.settings import RetrySettings
+from retry.sweeper import sweep_stale
+from suppression.db import utcnow
+
+log = logging.getLogger("retry.worker")
+
+Dispatch = Callable[[uuid.UUID], Awaitable[str]]
+Clock = Callable[[], dt.datetime]
+
+# How long a cancelled worker lets provider calls already under way finish and record.
+SHUTDOWN_GRACE_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A delivery this worker claimed and will dispatch."""
+
+    id: uuid.UUID
+    previous_status: str
+    due_at: dt.datetime
+    priority_rank: int
+    claimed_at: dt.datetime
+
+
+@dataclass
+class RoundResult:
+    """What one round did."""
+
+    claimed: int = 0
+    dispatched: int = 0
+    dead_lettered: int = 0
+
+
+class Worker:
+    """Claims due deliveries and dispatches them; `run` loops (with the sweeper) until cancelled."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        dispatch: Dispatch,
+        settings: RetrySettings,
+        *,
+        clock: Clock = utcnow,
+    ) -> None:
+        self._sessions = sessions
+        self._dispatch = dispatch
+        self._settings = settings
+        self._clock = clock
+
+    async def run_once(self) -> RoundResult:
+        """Claim one batch, settle what must not be sent, dispatch the rest; wait for them."""
+        claimed, result = await self._claim(self._settings.worker_batch)
+        if claimed:
+            await self._dispatch_all(claimed)
+            result.dispatched = len(claimed)
+        return result
+
+    async def drain(self) -> RoundResult:
+        """Run rounds until nothing is due (for tests and one-shot runs)."""
+        total = RoundResult()
+        while True:
+            result = await self.run_once()
+            total.claimed += result.claimed
+            total.dispatched += result.dispatched
+            total.dead_lettered += result.dead_lettered
+            if result.claimed == 0:
+                return total
+
+    async def sweep(self) -> int:
+        """Resolve stale in-progress attempts and abandoned claims (see `retry.sweeper`)."""
+        return await sweep_stale(
+            self._sessions,
+            older_than_seconds=self._settings.stale_in_progress_seconds,
+            now=self._clock(),
+            settle_seconds=self._settings.unknown_settle_seconds,
+        )
+
+    async def run(self) -> None:
+        """Loop until cancelled: rounds back to back while work is due, else poll; sweep
+        periodically. A failing round (database down) is logged and retried after a pause."""
+        s = self._settings
+        sweep_every = min(max(s.stale_in_progress_seconds / 4, s.worker_poll_seconds), 60.0)
+        next_sweep = 0.0
+        log.info(
+            "retry worker running (batch %d, concurrency %d)", s.worker_batch, s.worker_concurrency
+        )
+        while True:
+            try:
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + sweep_every
+                    await self.sweep()
+                result = await self.run_once()
+            except Exception:
+                log.exception("retry worker round failed; pausing")
+                await asyncio.sleep(max(s.worker_poll_seconds, 1.0))
+                continue
+            if result.claimed < s.worker_batch:
+                await asyncio.sleep(s.worker_poll_seconds)
+
+    async def _claim(self, limit: int) -> tuple[list[Claimed], RoundResult]:
+        now = self._clock()
+        d = deliveries
+        due = (
+            select(
+                d.c.id,
+                d.c.status.label("previous_status"),
+                d.c.next_attempt_at.label("due_at"),
+            )
+            .where(
+                d.c.next_attempt_at.is_not(None),
+                d.c.next_attempt_at <= now,
+                d.c.status.in_(CLAIMABLE_STATUSES),
+            )
+            .order_by(d.c.priority_rank.desc(), d.c.next_attempt_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            .cte("due")
+        )
+        claim = (
+            update(d)
+            .where(d.c.id == due.c.id)
+            .values(next_attempt_at=None, updated_at=now)
+            .returning(
+                d.c.id,
+                due.c.previous_status,
+                due.c.due_at,
+                d.c.channel,
+                d.c.category,
+                d.c.priority_rank,
+                d.c.expires_at,
+                d.c.attempts,
+            )
+        )
+        result = RoundResult()
+        to_send: list[Claimed] = []
+        async with self._sessions() as session, session.begin():
+            rows = (await session.execute(claim)).all()
+            result.claimed = len(rows)
+            for row in rows:
+                reason = self._settle_reason(row, now)
+                if reason is not None:
+                    await dead_letter(session, row.id, reason=reason, last_error=None)
+                    result.dead_lettered += 1
+                    log.info("delivery %s dead-lettered before retry: %s", row.id, reason)
+                else:
+                    to_send.append(
+                        Claimed(row.id, row.previous_status, row.due_at, row.priority_rank, now)
+                    )
+        to_send.sort(key=lambda c: (-c.priority_rank, c.due_at))
+        return to_send, result
+
+    def _settle_reason(self, row: Row[Any], now: dt.datetime) -> str | None:
+        if row.expires_at is not None and row.expires_at <= now:
+            return "expired"
+        if (
+            row.previous_status == "unknown"
+            and row.category != "transactional"
+            and self._settings.unknown_outcome_marketing == "dead_letter"
+        ):
+            # A second marketing message is billed and annoys; an unknown one is not resent.
+            return "unknown_outcome"
+        if row.previous_status == "queued":
+            # New, redriven, deferred (no token, open circuit) or paused by an account-level
+            # error: not held to the attempt budget.
+            return None
+        priority = PRIORITY_NAMES.get(row.priority_rank, "normal")
+        backoff = backoff_from_settings(self._settings, row.channel, priority)
+        if row.attempts >= backoff.max_attempts:
+            return "max_attempts"
+        return None
+
+    async def _dispatch_all(self, claimed: list[Claimed]) -> None:
+        limit = asyncio.Semaphore(self._settings.worker_concurrency)
+        tasks: set[asyncio.Task[None]] = set()
+        started = 0
+        try:
+            for item in claimed:
+                await limit.acquire()
+                tasks.add(asyncio.create_task(self._dispatch_one(item, limit)))
+                started += 1
+            if tasks:
+                # asyncio.wait, unlike gather, leaves the tasks running if we get cancelled.
+                await asyncio.wait(tasks)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._shutdown(claimed[started:], tasks))
+            raise
+
+    async def _shutdown(self, not_started: list[Claimed], tasks: set[asyncio.Task[None]]) -> None:
+        # Rows claimed but not dispatched go back exactly as they were; calls under way may
+        # finish and record their outcome (else the sweeper resolves them later).
+        if not_started:
+            await self._release(not_started)
+        running = {t for t in tasks if not t.done()}
+        if running:
+            _, late = await asyncio.wait(running, timeout=SHUTDOWN_GRACE_SECONDS)
+            for task in late:
+                task.cancel()
+        log.info(
+            "retry worker stopped: %d claimed deliveries released, %d calls finished",
+            len(not_started),
+            len(running),
+        )
+
+    async def _release(self, items: list[Claimed]) -> None:
+        stmt = (
+            update(deliveries)
+            .where(
+                deliveries.c.id == bindparam("b_id"),
+                deliveries.c.status == bindparam("b_status"),
+                deliveries.c.next_attempt_at.is_(None),
+            )
+            .values(next_attempt_at=bindparam("b_due"))
+        )
+        params = [{"b_id": c.id, "b_status": c.previous_status, "b_due": c.due_at} for c in items]
+        async with self._sessions() as session, session.begin():
+            await session.execute(stmt, params)
+
+    async def _dispatch_one(self, item: Claimed, limit: asyncio.Semaphore) -> None:
+        try:
+            status = await self._dispatch(item.id)
+            log.debug("delivery %s dispatched: %s", item.id, status)
+        except Exception as exc:
+            log.exception("dispatch of delivery %s failed", item.id)
+            with contextlib.suppress(Exception):
+                await self._recover(item, exc)
+        finally:
+            limit.release()
+
+    async def _recover(self, item: Claimed, exc: Exception) -> None:
+        # The dispatch raised. If it never started a provider attempt (the delivery is still
+        # claimed: same status, off the queue), nothing went out: requeue it after the
+        # deferral delay, without counting an attempt. If it did, the attempt is in progress
+        # or recorded, and the sweeper resolves whatever is left.
+        now = self._clock()
+        d = deliveries
+        at = now + dt.timedelta(seconds=self._settings.defer_seconds)
+        async with self._sessions() as session, session.begin():
+            await session.execute(
+                update(d)
+                .where(
+                    d.c.id == item.id,
+                    d.c.status == item.previous_status,
+                    d.c.next_attempt_at.is_(None),
+                )
+                .values(
+                    next_attempt_at=at,
+                    last_error=f"dispatch error: {type(exc).__name__}",
+                    updated_at=now,
+                )
+            )
+
+
+__all__ = ["Claimed", "Dispatch", "RoundResult", "Worker"]

@@ -1,0 +1,132 @@
+"""HTTP routes of the send side: `POST /v1/messages` (scope send), `GET /v1/messages/{id}`
+(scope read)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Annotated, Any, Protocol
+
+from litestar import Controller, Request, Response, get, post
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.exceptions import HTTPException, NotFoundException
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import HeaderParameter
+
+from sender.keys import InvalidIdempotencyKey, parse_idempotency_key
+from sender.schemas import MessageCreated, MessageView, SendMessage
+from sender.service import SendProblem, SendService
+
+
+class _Principal(Protocol):
+    key_id: uuid.UUID
+
+    def allows(self, scope: str) -> bool: ...
+
+
+def provide_send_service(state: State) -> SendService:
+    """The process's `SendService`, wired by the composition root into `services.extra`."""
+    service: SendService = state.services.extra["sender"]
+    return service
+
+
+def _principal(request: Request[Any, Any, Any]) -> _Principal:
+    # Stored by the API-key guard (gateway.auth) before the handler runs.
+    principal: _Principal = request.state.principal
+    return principal
+
+
+def _problem(problem: SendProblem) -> HTTPException:
+    return HTTPException(
+        status_code=problem.status,
+        detail=problem.detail,
+        extra={"type": problem.type, **problem.members},
+    )
+
+
+class MessagesController(Controller):
+    """Send messages and look at what became of them."""
+
+    path = "/v1/messages"
+    tags = ["messages"]
+    dependencies = {"send_service": Provide(provide_send_service, sync_to_thread=False)}
+
+    @post(
+        "/",
+        opt={"scope": "send"},
+        status_code=201,
+        summary="Send a message to 1-100 recipients",
+        description=(
+            "Each recipient becomes its own delivery and its own provider call. The "
+            "Idempotency-Key header is required (IETF draft semantics, scoped per API key): "
+            "a repeat with the same body returns the stored answer with its original status "
+            "code; a different body gets 422; a repeat while the first is in flight gets 409. "
+            "201 when every delivery has a final answer for its first attempt (sent, failed, "
+            "suppressed), 202 when any was deferred (queued, retrying, unknown)."
+        ),
+        responses={
+            202: ResponseSpec(MessageCreated, description="Accepted; some deliveries deferred"),
+            409: ResponseSpec(None, description="The first request with this key is in flight"),
+            422: ResponseSpec(
+                None, description="Invalid recipient or content, or key reused with another body"
+            ),
+        },
+    )
+    async def create(
+        self,
+        request: Request[Any, Any, Any],
+        data: SendMessage,
+        send_service: SendService,
+        idempotency_key: Annotated[
+            str | None,
+            HeaderParameter(
+                name="Idempotency-Key",
+                required=False,
+                description="sf-string (quoted) or bare token, 1-255 printable ASCII characters",
+            ),
+        ] = None,
+    ) -> Response[MessageCreated]:
+        """Send one message (see the route description)."""
+        try:
+            key = parse_idempotency_key(idempotency_key)
+        except InvalidIdempotencyKey as exc:
+            raise HTTPException(
+                status_code=400, detail=str(exc), extra={"type": "urn:problem:idempotency-key"}
+            ) from None
+        raw = json.loads(await request.body())
+        try:
+            answer = await send_service.send(
+                client_id=_principal(request).key_id,
+                idempotency_key=key,
+                request=data,
+                raw_body=raw,
+            )
+        except SendProblem as problem:
+            raise _problem(problem) from None
+        headers = {"Location": f"/v1/messages/{answer.body.id}"}
+        if answer.replayed:
+            headers["Idempotent-Replayed"] = "true"
+        return Response(answer.body, status_code=answer.status_code, headers=headers)
+
+    @get(
+        "/{message_id:uuid}",
+        opt={"scope": "read"},
+        summary="A message with its deliveries, attempts, provider events and suppressions",
+    )
+    async def show(
+        self, request: Request[Any, Any, Any], message_id: uuid.UUID, send_service: SendService
+    ) -> MessageView:
+        """Messages are visible to the API key that sent them, and to admin keys."""
+        principal = _principal(request)
+        view = await send_service.view(
+            message_id, client_id=principal.key_id, see_all="admin" in _scopes(principal)
+        )
+        if view is None:
+            raise NotFoundException(f"No message {message_id}.")
+        return view
+
+
+def _scopes(principal: _Principal) -> frozenset[str]:
+    scopes: frozenset[str] = getattr(principal, "scopes", frozenset())
+    return scopes

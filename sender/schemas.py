@@ -1,0 +1,132 @@
+"""Request and response documents of the send API (msgspec structs: parsing and OpenAPI)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+Channel = Literal["email", "sms"]
+Category = Literal["transactional", "marketing"]
+Priority = Literal["high", "normal", "low"]
+
+MAX_RECIPIENTS = 100
+MAX_METADATA_KEYS = 20
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 256
+
+
+class SendMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Body of `POST /v1/messages`."""
+
+    channel: Channel
+    to: Annotated[
+        list[Annotated[str, msgspec.Meta(max_length=320)]],
+        msgspec.Meta(min_length=1, max_length=MAX_RECIPIENTS),
+    ]
+    from_: str | None = msgspec.field(default=None, name="from")
+    subject: Annotated[str, msgspec.Meta(max_length=998)] | None = None
+    text: str | None = None
+    html: str | None = None
+    reply_to: list[str] | str | None = None
+    body: Annotated[str, msgspec.Meta(max_length=1600)] | None = None
+    category: Category = "transactional"
+    topic: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
+    priority: Priority = "normal"
+    expires_at: dt.datetime | None = None
+    metadata: dict[str, str] | None = None
+
+
+class DeliveryAnswer(msgspec.Struct, kw_only=True):
+    """One delivery in the answer to a send."""
+
+    id: uuid.UUID
+    to: str | None
+    status: str
+    reason: str | None = None
+
+
+class MessageCreated(msgspec.Struct, kw_only=True):
+    """Answer to `POST /v1/messages` (201: every delivery has its first answer; 202: some
+    are deferred)."""
+
+    id: uuid.UUID
+    deliveries: list[DeliveryAnswer]
+
+
+class AttemptView(msgspec.Struct, kw_only=True):
+    """One provider call."""
+
+    number: int
+    status: str
+    provider: str
+    provider_message_id: str | None
+    provider_status: str | None
+    error_code: str | None
+    error: str | None
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+
+
+class EventView(msgspec.Struct, kw_only=True):
+    """One provider callback about the delivery and what was done with it."""
+
+    id: uuid.UUID
+    provider: str
+    provider_event_id: str
+    event_type: str
+    provider_message_id: str | None
+    disposition: str
+    details: dict[str, Any]
+    occurred_at: dt.datetime | None
+    received_at: dt.datetime
+
+
+class SuppressionView(msgspec.Struct, kw_only=True):
+    """The suppression-list entry that stopped a delivery (None fields once it was removed)."""
+
+    id: uuid.UUID
+    active: bool
+    reason: str | None = None
+    scope: str | None = None
+    created_at: dt.datetime | None = None
+    expires_at: dt.datetime | None = None
+
+
+class DeliveryView(msgspec.Struct, kw_only=True):
+    """A delivery with its attempts, provider events and the suppression that stopped it."""
+
+    id: uuid.UUID
+    to: str | None
+    status: str
+    reason: str | None
+    provider: str | None
+    provider_message_id: str | None
+    derived_key: str
+    attempts_made: int
+    next_attempt_at: dt.datetime | None
+    last_error: str | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    attempts: list[AttemptView]
+    events: list[EventView]
+    suppression: SuppressionView | None
+
+
+class MessageView(msgspec.Struct, kw_only=True):
+    """Answer to `GET /v1/messages/{id}`."""
+
+    id: uuid.UUID
+    channel: str
+    category: str
+    topic: str | None
+    priority: str
+    expires_at: dt.datetime | None
+    metadata: dict[str, Any]
+    state: str
+    response_code: int | None
+    created_at: dt.datetime
+    completed_at: dt.datetime | None
+    deliveries: list[DeliveryView]

@@ -1,0 +1,596 @@
+"""HTTP routes of the suppression list and of one-click unsubscribe.
+
+The composition root hands in a `SuppressionContext` (in `services.extra["suppression"]`):
+the protector, a session factory for streaming work, the default phone region, and how to name
+the authenticated caller in history. `suppression` imports no other package.
+
+Status codes: invalid addresses, reasons or scopes in a well-formed request are 422; missing or
+malformed parameters and bodies are 400; removing a `complaint` or `sms_stop` entry without
+`force=true` is 409 (the caller may do it, but must say so explicitly).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+from urllib.parse import parse_qsl
+
+from litestar import Controller, MediaType, Request, Response, delete, get, post
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.exceptions import HTTPException, NotFoundException
+from litestar.params import Parameter, QueryParameter
+from litestar.response import Stream
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from suppression import service
+from suppression.crypto import AddressProtector
+from suppression.exporter import export_chunks
+from suppression.formats import (
+    EXPORT_FORMATS,
+    IMPORT_FORMATS,
+    SENDGRID_LISTS,
+    ImportOptions,
+    UnrecognizedFormat,
+)
+from suppression.importer import MAX_REPORTED_INVALID, run_import
+from suppression.listing import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    Filters,
+    InvalidCursor,
+    decode_cursor,
+    encode_cursor,
+    page,
+)
+from suppression.normalize import CHANNELS, Address, InvalidAddress, normalize
+from suppression.tokens import InvalidUnsubscribeToken, UnsubscribeToken, read_token
+from suppression.unsubscribe import (
+    ONE_CLICK_FIELD,
+    ONE_CLICK_VALUE,
+    PAGE_HEADERS,
+    apply_unsubscribe,
+    confirmation_page,
+    done_page,
+)
+from suppression.views import EntryView, HistoryView, entry_view, history_view
+
+MAX_CHECK_ADDRESSES = 10_000
+
+
+@dataclass(frozen=True)
+class SuppressionContext:
+    """What the suppression routes need from the composition root."""
+
+    protector: AddressProtector
+    sessions: async_sessionmaker[AsyncSession]
+    default_region: str
+    # The authenticated caller as written to history (e.g. "api_key:<id>").
+    actor_of: Callable[[Request[Any, Any, Any]], str]
+
+
+def provide_context(state: State) -> SuppressionContext:
+    """The context the composition root stored for this package."""
+    context: SuppressionContext = state.services.extra["suppression"]
+    return context
+
+
+DEPENDENCIES = {"suppression": Provide(provide_context, sync_to_thread=False)}
+
+
+# --- request and response bodies ----------------------------------------------------------------
+
+
+@dataclass
+class SuppressionPage:
+    """One page of the list; pass `next_cursor` back as `cursor` for the next one."""
+
+    items: list[EntryView]
+    next_cursor: str | None
+
+
+@dataclass
+class AddressSuppressions:
+    """Everything on the list about one address: its entries and their whole history."""
+
+    channel: str
+    address: str
+    suppressed: bool
+    entries: list[EntryView]
+    history: list[HistoryView]
+
+
+@dataclass
+class SuppressionCreate:
+    """Body of `POST /v1/suppressions` (manual add)."""
+
+    channel: str
+    address: str
+    reason: str
+    scope: str = service.SCOPE_ALL
+    expires_at: dt.datetime | None = None
+
+
+@dataclass
+class SuppressionCreated:
+    """The entry, and whether this request created it (false: it was already there)."""
+
+    created: bool
+    entry: EntryView
+
+
+@dataclass
+class SuppressionsRemoved:
+    """The entries a DELETE removed."""
+
+    removed: list[EntryView]
+
+
+@dataclass
+class CheckRequest:
+    """Body of `POST /v1/suppressions/check`: up to 10,000 addresses of one channel.
+
+    `category` and `topic` are those of the intended message: `transactional` ignores topic
+    unsubscribes; a marketing message without a topic is checked against `marketing`.
+    """
+
+    channel: str
+    addresses: list[str]
+    category: str = "marketing"
+    topic: str | None = None
+
+
+@dataclass
+class CheckHit:
+    """A suppressed address (as it was given) and the entry that suppresses it."""
+
+    address: str
+    reason: str
+    scope: str
+    created_at: dt.datetime
+    expires_at: dt.datetime | None
+
+
+@dataclass
+class CheckInvalid:
+    """An address that is not valid for the channel."""
+
+    address: str
+    error: str
+
+
+@dataclass
+class CheckResult:
+    """The suppressed and the invalid addresses; every other one may be sent to."""
+
+    suppressed: list[CheckHit]
+    invalid: list[CheckInvalid] = field(default_factory=list)
+
+
+@dataclass
+class InvalidRow:
+    """A row an import skipped."""
+
+    line: int
+    error: str
+
+
+@dataclass
+class ImportResult:
+    """Outcome of an import; `invalid` lists at most the first 100 invalid rows."""
+
+    import_id: uuid.UUID
+    added: int
+    already_present: int
+    invalid_count: int
+    invalid: list[InvalidRow]
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _problem(status: int, type_: str, detail: str, **extra: Any) -> HTTPException:
+    return HTTPException(status_code=status, detail=detail, extra={"type": type_, **extra})
+
+
+def _channel(channel: str) -> str:
+    if channel not in CHANNELS:
+        raise _problem(
+            400, "urn:problem:unknown-channel", f"channel must be one of {', '.join(CHANNELS)}"
+        )
+    return channel
+
+
+def _address(context: SuppressionContext, channel: str, raw: str) -> Address:
+    try:
+        return normalize(_channel(channel), raw, context.default_region)
+    except InvalidAddress as exc:
+        raise _problem(
+            422, "urn:problem:invalid-address", f"not a valid {channel} address: {exc.problem}"
+        ) from None
+
+
+def _entry(channel: str, reason: str, scope: str) -> None:
+    try:
+        service.validate_entry(channel, reason, scope)
+    except ValueError as exc:
+        raise _problem(422, "urn:problem:invalid-suppression", str(exc)) from None
+
+
+# --- the list -----------------------------------------------------------------------------------
+
+
+class SuppressionsController(Controller):
+    """The suppression list: look-ups, manual changes, bulk check, import and export."""
+
+    path = "/v1/suppressions"
+    tags = ["suppressions"]
+    dependencies = DEPENDENCIES
+
+    @get("/", opt={"scope": "read"}, summary="List suppressions (cursor pagination)")
+    async def list_entries(
+        self,
+        db_session: AsyncSession,
+        suppression: SuppressionContext,
+        channel: str | None = None,
+        reason: str | None = None,
+        # `scope` is a reserved handler argument in Litestar (the ASGI scope), hence the alias.
+        entry_scope: Annotated[str | None, QueryParameter(name="scope")] = None,
+        since: dt.datetime | None = None,
+        cursor: str | None = None,
+        limit: Annotated[int, Parameter(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
+    ) -> SuppressionPage:
+        """Entries oldest first, filtered by channel, reason, scope and creation time."""
+        if channel is not None:
+            _channel(channel)
+        after = None
+        if cursor:
+            try:
+                after = decode_cursor(cursor)
+            except InvalidCursor as exc:
+                raise _problem(400, "urn:problem:invalid-cursor", str(exc)) from None
+        rows, last = await page(
+            db_session, Filters(channel, reason, entry_scope, since), after=after, limit=limit
+        )
+        now = dt.datetime.now(dt.UTC)
+        return SuppressionPage(
+            items=[entry_view(suppression.protector, row, now) for row in rows],
+            next_cursor=encode_cursor(*last) if last else None,
+        )
+
+    @get("/{channel:str}/{address:str}", opt={"scope": "read"}, summary="Entries of one address")
+    async def get_address(
+        self, channel: str, address: str, db_session: AsyncSession, suppression: SuppressionContext
+    ) -> AddressSuppressions:
+        """The entries of one address (any scope, expired ones too) and its whole history."""
+        normalized = _address(suppression, channel, address)
+        address_hash = suppression.protector.hash(channel, normalized.key)
+        rows = await service.entries_for(db_session, channel, address_hash)
+        history = await service.history_for(db_session, channel, address_hash)
+        now = dt.datetime.now(dt.UTC)
+        entries = [entry_view(suppression.protector, row, now) for row in rows]
+        return AddressSuppressions(
+            channel=channel,
+            address=normalized.key,
+            suppressed=any(e.active for e in entries),
+            entries=entries,
+            history=[history_view(h) for h in history],
+        )
+
+    @post("/", opt={"scope": "admin"}, summary="Add a suppression manually")
+    async def create(
+        self,
+        data: SuppressionCreate,
+        request: Request[Any, Any, Any],
+        db_session: AsyncSession,
+        suppression: SuppressionContext,
+    ) -> Response[SuppressionCreated]:
+        """Add an entry (201), or return the existing active one (200)."""
+        address = _address(suppression, data.channel, data.address)
+        _entry(data.channel, data.reason, data.scope)
+        if data.expires_at is not None:
+            if data.expires_at.tzinfo is None:
+                problem = "expires_at needs a time zone"
+            elif data.expires_at <= dt.datetime.now(dt.UTC):
+                problem = "expires_at is in the past"
+            else:
+                problem = ""
+            if problem:
+                raise _problem(422, "urn:problem:invalid-suppression", problem)
+        actor = suppression.actor_of(request)
+        row, created = await service.add(
+            db_session,
+            suppression.protector,
+            address,
+            reason=data.reason,
+            scope=data.scope,
+            expires_at=data.expires_at,
+            source=service.Source("operator", actor, actor=actor),
+        )
+        await db_session.commit()
+        body = SuppressionCreated(created, entry_view(suppression.protector, row))
+        return Response(body, status_code=201 if created else 200)
+
+    @delete(
+        "/{channel:str}/{address:str}",
+        opt={"scope": "admin"},
+        status_code=200,
+        summary="Remove suppressions of one address (reason required)",
+    )
+    async def remove(
+        self,
+        channel: str,
+        address: str,
+        request: Request[Any, Any, Any],
+        db_session: AsyncSession,
+        suppression: SuppressionContext,
+        reason: Annotated[
+            str | None, Parameter(description="Why the entry is removed (required).")
+        ] = None,
+        entry_scope: Annotated[
+            str | None,
+            QueryParameter(name="scope", description="Only this scope (default: every scope)."),
+        ] = None,
+        force: Annotated[
+            bool, Parameter(description="Required to remove complaint or sms_stop entries.")
+        ] = False,
+    ) -> SuppressionsRemoved:
+        """Remove entries; complaint and sms_stop entries need `force=true` (else 409)."""
+        if not reason or not reason.strip():
+            raise _problem(
+                400,
+                "urn:problem:removal-reason-required",
+                "A reason query parameter is required to remove a suppression.",
+            )
+        normalized = _address(suppression, channel, address)
+        address_hash = suppression.protector.hash(channel, normalized.key)
+        try:
+            removed = await service.remove_by_operator(
+                db_session,
+                channel,
+                address_hash,
+                reason=reason,
+                actor=suppression.actor_of(request),
+                scope=entry_scope,
+                force=force,
+                address=normalized,
+            )
+        except service.NothingToRemove:
+            raise NotFoundException("No suppression matches this address and scope.") from None
+        except service.ProtectedSuppression as exc:
+            raise _problem(
+                409,
+                "urn:problem:protected-suppression",
+                "Removing a complaint or sms_stop entry means contacting someone who complained "
+                "or said STOP; repeat the request with force=true if that is intended.",
+                protected_reasons=exc.reasons,
+            ) from None
+        await db_session.commit()
+        now = dt.datetime.now(dt.UTC)
+        return SuppressionsRemoved([entry_view(suppression.protector, r, now) for r in removed])
+
+    @post(
+        "/check",
+        opt={"scope": "read"},
+        status_code=200,
+        request_max_body_size=8 * 1024 * 1024,
+        summary="Which of these addresses are suppressed (campaign pre-filter)",
+    )
+    async def check(
+        self, data: CheckRequest, db_session: AsyncSession, suppression: SuppressionContext
+    ) -> CheckResult:
+        """Up to 10,000 addresses in, the suppressed (and invalid) ones out, in one query."""
+        _channel(data.channel)
+        if len(data.addresses) > MAX_CHECK_ADDRESSES:
+            raise _problem(
+                400,
+                "urn:problem:too-many-addresses",
+                f"At most {MAX_CHECK_ADDRESSES} addresses per request.",
+            )
+        if data.category not in ("transactional", "marketing"):
+            raise _problem(
+                422, "urn:problem:invalid-category", "category must be transactional or marketing"
+            )
+        topic = data.topic or ("marketing" if data.category == "marketing" else None)
+        hashes: list[tuple[str, str]] = []
+        invalid: list[CheckInvalid] = []
+        for raw in data.addresses:
+            try:
+                address = normalize(data.channel, raw, suppression.default_region)
+            except InvalidAddress as exc:
+                invalid.append(CheckInvalid(raw, exc.problem))
+                continue
+            hashes.append((raw, suppression.protector.hash(data.channel, address.key)))
+        hits = await service.check_many(
+            db_session,
+            data.channel,
+            [h for _, h in hashes],
+            category=data.category,
+            topic=topic,
+        )
+        suppressed = [
+            CheckHit(raw, hit.reason, hit.scope, hit.created_at, hit.expires_at)
+            for raw, h in hashes
+            if (hit := hits.get(h)) is not None
+        ]
+        return CheckResult(suppressed, invalid)
+
+    @post(
+        "/import",
+        opt={"scope": "admin"},
+        status_code=200,
+        # Streamed and processed in batches, so there is no reason to cap the size.
+        request_max_body_size=None,
+        summary="Import a CSV or JSON Lines file (ours, SES, SendGrid), streamed",
+    )
+    async def import_entries(
+        self,
+        request: Request[Any, Any, Any],
+        suppression: SuppressionContext,
+        format: Annotated[
+            str, Parameter(description="auto (sniff), gateway, ses or sendgrid")
+        ] = "auto",
+        sendgrid_list: Annotated[
+            str | None,
+            Parameter(description="bounces, blocks, spam_reports, invalid_emails, unsubscribes"),
+        ] = None,
+        unsubscribe_scope: Annotated[
+            str, Parameter(description="Scope given to imported unsubscribes")
+        ] = "marketing",
+    ) -> ImportResult:
+        """Add every valid row; invalid rows are reported, never fatal."""
+        if format not in IMPORT_FORMATS:
+            raise _problem(
+                400, "urn:problem:invalid-parameter", f"format must be one of {IMPORT_FORMATS}"
+            )
+        if sendgrid_list is not None and sendgrid_list not in SENDGRID_LISTS:
+            raise _problem(
+                400,
+                "urn:problem:invalid-parameter",
+                f"sendgrid_list must be one of {SENDGRID_LISTS}",
+            )
+        try:
+            options = ImportOptions(
+                format, sendgrid_list, unsubscribe_scope, suppression.default_region
+            )
+        except ValueError as exc:
+            raise _problem(400, "urn:problem:invalid-parameter", str(exc)) from None
+        try:
+            report = await run_import(
+                suppression.sessions,
+                suppression.protector,
+                request.stream(),
+                options,
+                actor=suppression.actor_of(request),
+            )
+        except UnrecognizedFormat as exc:
+            raise _problem(400, "urn:problem:unrecognized-import-format", str(exc)) from None
+        return ImportResult(
+            import_id=report.import_id,
+            added=report.added,
+            already_present=report.already_present,
+            invalid_count=report.invalid_count,
+            invalid=[InvalidRow(**row) for row in report.invalid[:MAX_REPORTED_INVALID]],
+        )
+
+    @get(
+        "/export",
+        opt={"scope": "export"},
+        summary="Export every entry with its history, streamed (csv or jsonl)",
+        response_description="CSV or JSON Lines, one entry per line",
+    )
+    async def export(
+        self,
+        suppression: SuppressionContext,
+        format: Annotated[str, Parameter(description="csv or jsonl")] = "csv",
+        since: Annotated[
+            dt.datetime | None, Parameter(description="Only entries created at or after")
+        ] = None,
+    ) -> Stream:
+        """Stream the list in constant memory (batches read in short transactions)."""
+        if format not in EXPORT_FORMATS:
+            raise _problem(
+                400, "urn:problem:invalid-parameter", f"format must be one of {EXPORT_FORMATS}"
+            )
+        media_type = "text/csv; charset=utf-8" if format == "csv" else "application/x-ndjson"
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        return Stream(
+            export_chunks(
+                suppression.sessions,
+                suppression.protector,
+                fmt=format,
+                filters=Filters(since=since),
+            ),
+            media_type=media_type,
+            headers={
+                "Content-Disposition": f'attachment; filename="suppressions-{stamp}.{format}"',
+                "Cache-Control": "no-store",
+            },
+        )
+
+
+# --- one-click unsubscribe (public: no API key, no cookies) -------------------------------------
+
+
+def _token(context: SuppressionContext, token: str) -> UnsubscribeToken:
+    try:
+        return read_token(context.protector, token)
+    except InvalidUnsubscribeToken as exc:
+        raise _problem(400, "urn:problem:invalid-unsubscribe-token", str(exc)) from None
+
+
+async def _one_click_value(request: Request[Any, Any, Any]) -> str | None:
+    """The `List-Unsubscribe` field of the body (multipart/form-data or urlencoded)."""
+    content_type = request.content_type[0]
+    if content_type == "multipart/form-data":
+        try:
+            form = await request.form()
+        except Exception:  # the multipart parser raises several types on garbage
+            return None
+        value = form.get(ONE_CLICK_FIELD)
+        return value if isinstance(value, str) else None
+    body = await request.body()
+    try:
+        pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return next((v for k, v in pairs if k == ONE_CLICK_FIELD), None)
+
+
+@get(
+    "/unsubscribe/{token:str}",
+    tags=["unsubscribe"],
+    dependencies=DEPENDENCIES,
+    media_type=MediaType.HTML,
+    summary="Confirmation page (a GET never unsubscribes)",
+)
+async def unsubscribe_page(token: str, suppression: SuppressionContext) -> Response[str]:
+    """Show what would be unsubscribed and a button that POSTs the one-click body."""
+    parsed = _token(suppression, token)
+    return Response(confirmation_page(parsed), media_type=MediaType.HTML, headers=PAGE_HEADERS)
+
+
+@post(
+    "/unsubscribe/{token:str}",
+    tags=["unsubscribe"],
+    dependencies=DEPENDENCIES,
+    media_type=MediaType.HTML,
+    status_code=200,
+    request_max_body_size=16 * 1024,
+    summary="RFC 8058 one-click unsubscribe (body List-Unsubscribe=One-Click)",
+)
+async def unsubscribe_one_click(
+    token: str,
+    request: Request[Any, Any, Any],
+    db_session: AsyncSession,
+    suppression: SuppressionContext,
+) -> Response[str]:
+    """Suppress the token's topic for its address; repeating it changes nothing."""
+    parsed = _token(suppression, token)
+    value = await _one_click_value(request)
+    if value is None or value.strip() != ONE_CLICK_VALUE:
+        raise _problem(
+            400,
+            "urn:problem:one-click-body-required",
+            f"The body must be {ONE_CLICK_FIELD}={ONE_CLICK_VALUE} "
+            "(multipart/form-data or application/x-www-form-urlencoded).",
+        )
+    try:
+        await apply_unsubscribe(
+            db_session,
+            suppression.protector,
+            parsed,
+            user_agent=request.headers.get("user-agent"),
+            client_ip=request.client.host if request.client else None,
+            default_region=suppression.default_region,
+        )
+    except InvalidUnsubscribeToken as exc:
+        raise _problem(400, "urn:problem:invalid-unsubscribe-token", str(exc)) from None
+    await db_session.commit()
+    return Response(done_page(parsed), media_type=MediaType.HTML, headers=PAGE_HEADERS)
+
+
+ROUTES: list[Any] = [SuppressionsController, unsubscribe_page, unsubscribe_one_click]

@@ -1,0 +1,269 @@
+"""Retry end to end: the send API, the real dispatch and Twilio client, a local Twilio stub.
+
+The first attempt happens in `POST /v1/messages`; the retry worker (with the dispatch wired by
+the composition root) makes the later ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from gateway.app import create_app
+from gateway.keys import create_key
+from gateway.services import Services, build_services
+from gateway.settings import Settings
+from retry import dlq
+from retry.models import DeadLetter
+from retry.queue import attempts, deliveries
+from retry.settings import RateSpec
+from retry.worker import Worker
+from suppression import service as suppression
+from suppression.db import utcnow
+from suppression.normalize import normalize_phone
+from tests.conftest import bearer, replace_settings
+from tests.retry.helpers import TwilioStub
+
+MAX_ATTEMPTS = 4
+
+
+@dataclass
+class Rig:
+    services: Services
+    client: httpx.AsyncClient
+    stub: TwilioStub
+    headers: dict[str, str]
+
+    async def send(self, to: str, **extra: object) -> uuid.UUID:
+        body = {"channel": "sms", "to": [to], "body": "Your code is 123456", **extra}
+        response = await self.client.post(
+            "/v1/messages",
+            json=body,
+            headers={**self.headers, "Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert response.status_code in (201, 202), response.text
+        ident: uuid.UUID = uuid.UUID(response.json()["deliveries"][0]["id"])
+        return ident
+
+    async def status(self, delivery_id: uuid.UUID) -> str:
+        async with self.services.sessions() as s:
+            value: str = await s.scalar(
+                select(deliveries.c.status).where(deliveries.c.id == delivery_id)
+            )
+        return value
+
+    async def run_worker_until(self, done: Callable[[], Awaitable[bool]]) -> None:
+        worker = Worker(
+            self.services.sessions, self.services.extra["dispatch"], self.services.settings.retry
+        )
+        task = asyncio.create_task(worker.run())
+        try:
+            for _ in range(1500):  # a guard against hanging, not a timing assertion
+                if await done():
+                    return
+                await asyncio.sleep(0.02)
+            raise AssertionError("the worker did not get there")
+        finally:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+
+@pytest.fixture
+async def rig(settings: Settings, request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
+    """Services with the Twilio adapter pointed at a local stub; `indirect` params override
+    retry settings."""
+    overrides: dict[str, object] = getattr(request, "param", {})
+    stub = TwilioStub()
+    with stub.running():
+        custom = replace_settings(
+            settings,
+            sms_provider="twilio",
+            twilio_account_sid="AC" + "1" * 32,
+            twilio_auth_tokens=("test-auth-token",),
+            sms_from="+15005550006",
+            twilio_api_base=stub.base,
+            retry=dataclasses.replace(
+                settings.retry,
+                **{
+                    "base_seconds": 0.02,
+                    "max_seconds": 0.2,
+                    "max_attempts": MAX_ATTEMPTS,
+                    "worker_poll_seconds": 0.01,
+                    "defer_seconds": 0.02,
+                    "rate_limits": {},
+                    **overrides,
+                },
+            ),
+        )
+        assert custom.database_url is not None
+        services = build_services(custom, custom.database_url)
+        try:
+            async with services.sessions() as s:
+                _, secret = await create_key(s, ["send", "admin"], name="e2e")
+                await s.commit()
+            transport = httpx.ASGITransport(app=create_app(services))
+            async with httpx.AsyncClient(transport=transport, base_url="https://gateway.test") as c:
+                yield Rig(services, c, stub, bearer(secret))
+        finally:
+            await services.close()
+
+
+async def _attempt_rows(rig: Rig, delivery_id: uuid.UUID) -> list[tuple[int, str]]:
+    async with rig.services.sessions() as s:
+        rows = await s.execute(
+            select(attempts.c.number, attempts.c.status)
+            .where(attempts.c.delivery_id == delivery_id)
+            .order_by(attempts.c.started_at)
+        )
+        return [(r.number, r.status) for r in rows]
+
+
+async def test_provider_500_n_times_then_200(rig: Rig) -> None:
+    to, n = "+14155552671", 3
+    rig.stub.script[to] = [500] * n
+    delivery_id = await rig.send(to)
+    assert await rig.status(delivery_id) == "retrying"
+
+    async def sent() -> bool:
+        return await rig.status(delivery_id) == "sent"
+
+    await rig.run_worker_until(sent)
+    assert rig.stub.calls[to] == n + 1
+    assert rig.stub.deliveries[to] == {str(delivery_id)}
+    assert await _attempt_rows(rig, delivery_id) == [
+        (1, "transient"),
+        (2, "transient"),
+        (3, "transient"),
+        (4, "accepted"),
+    ]
+    times = rig.stub.times[to]
+    assert all(b > a for a, b in itertools.pairwise(times))
+
+
+async def test_always_failing_ends_in_the_dlq_and_a_redrive_succeeds(rig: Rig) -> None:
+    to = "+14155552672"
+    rig.stub.script[to] = [500] * 100
+    delivery_id = await rig.send(to)
+
+    async def dead() -> bool:
+        return await rig.status(delivery_id) == "dead"
+
+    await rig.run_worker_until(dead)
+    assert rig.stub.calls[to] == MAX_ATTEMPTS
+    async with rig.services.sessions() as s:
+        entry = (
+            await s.execute(select(DeadLetter).where(DeadLetter.delivery_id == delivery_id))
+        ).scalar_one()
+    assert entry.reason == "max_attempts" and entry.channel == "sms"
+    assert entry.last_error
+    assert [(h["number"], h["status"]) for h in entry.attempt_history] == [
+        (n, "transient") for n in range(1, MAX_ATTEMPTS + 1)
+    ]
+
+    # the provider recovers; an operator redrives: a fresh budget, and it goes out
+    rig.stub.script[to] = []
+    response = await rig.client.post(f"/v1/dlq/{entry.id}/redrive", headers=rig.headers)
+    assert response.status_code == 200, response.text
+    assert response.json()["state"] == "redriven"
+
+    async def sent() -> bool:
+        return await rig.status(delivery_id) == "sent"
+
+    await rig.run_worker_until(sent)
+    assert rig.stub.calls[to] == MAX_ATTEMPTS + 1
+    rows = await _attempt_rows(rig, delivery_id)
+    # the history is kept; the new attempt is recorded after it
+    assert [status for _, status in rows] == ["transient"] * MAX_ATTEMPTS + ["accepted"]
+
+
+async def test_a_suppression_added_while_a_retry_waits(rig: Rig) -> None:
+    to = "+14155552673"
+    rig.stub.script[to] = [500]
+    delivery_id = await rig.send(to)
+    assert await rig.status(delivery_id) == "retrying"
+    # meanwhile the recipient texts STOP (or a bounce arrives) ...
+    async with rig.services.sessions() as s:
+        await suppression.add(
+            s,
+            rig.services.protector,
+            normalize_phone(to),
+            reason="sms_stop",
+            source=suppression.Source("provider_event", "stop-1"),
+        )
+        await s.commit()
+
+    async def settled() -> bool:
+        return await rig.status(delivery_id) == "suppressed"
+
+    await rig.run_worker_until(settled)
+    # ... so the retry ends `suppressed` without another provider call
+    assert rig.stub.calls[to] == 1
+    assert await _attempt_rows(rig, delivery_id) == [(1, "transient")]
+
+
+async def test_an_expired_otp_is_not_retried(rig: Rig) -> None:
+    to = "+14155552674"
+    rig.stub.script[to] = [500]
+    delivery_id = await rig.send(to, priority="high")
+    assert await rig.status(delivery_id) == "retrying"
+    async with rig.services.sessions() as s, s.begin():
+        await s.execute(
+            deliveries.update()
+            .where(deliveries.c.id == delivery_id)
+            .values(expires_at=utcnow() - dt.timedelta(seconds=1))
+        )
+
+    async def dead() -> bool:
+        return await rig.status(delivery_id) == "dead"
+
+    await rig.run_worker_until(dead)
+    assert rig.stub.calls[to] == 1
+    async with rig.services.sessions() as s:
+        entries, _ = await dlq.list_entries(s, dlq.DeadLetterFilter(reason="expired"))
+    assert [e.row.delivery_id for e in entries] == [delivery_id]
+
+
+@pytest.mark.parametrize(
+    "rig",
+    [{"rate_limits": {"twilio:*": RateSpec(0.001, 10.0)}, "defer_seconds": 60.0}],
+    indirect=True,
+)
+async def test_a_campaign_never_delays_an_otp(rig: Rig) -> None:
+    # The sender number's bucket holds 10 tokens and refills (practically) never; a campaign
+    # may use 60 % of it.
+    campaign = [await rig.send(f"+1415555{2700 + i}", priority="low") for i in range(10)]
+    statuses = [await rig.status(d) for d in campaign]
+    assert statuses.count("sent") == 6
+    # the rest are deferred: not sent, no provider call, no attempt counted
+    assert statuses.count("queued") == 4
+    assert sum(rig.stub.calls.values()) == 6
+    async with rig.services.sessions() as s:
+        counted = (
+            (
+                await s.execute(
+                    select(deliveries.c.attempts).where(
+                        deliveries.c.id.in_(
+                            [d for d, st in zip(campaign, statuses, strict=True) if st == "queued"]
+                        )
+                    )
+                )
+            )
+            .scalars()
+            .all()
+        )
+    assert counted == [0, 0, 0, 0]
+    # the OTP still gets a token at once
+    otp = await rig.send("+14155552799", priority="high")
+    assert await rig.status(otp) == "sent"

@@ -1,0 +1,190 @@
+"""Worker + policy + DLQ against a dispatch that follows the documented contract.
+
+`ContractDispatch` (tests/retry/helpers.py) makes one attempt per call against a local stub
+provider and reschedules by `retry.policy`; with the jitter pinned to the top of its range the
+retry timing is deterministic, so the growing gaps can be checked exactly (lower bounds: the
+worker never retries early). The same flows run through the real send path in
+test_end_to_end.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import uuid
+
+from sqlalchemy import select
+
+from gateway.services import Services
+from retry import dlq
+from retry.breaker import InProcessBreaker
+from retry.policy import Backoff, ceiling_seconds
+from retry.queue import attempts, deliveries
+from retry.settings import RetrySettings
+from retry.worker import Worker
+from tests.retry.helpers import ContractDispatch, MaxRng, StubProvider, insert_deliveries
+
+
+async def _run_until_settled(worker: Worker, services: Services, ids: list[uuid.UUID]) -> None:
+    task = asyncio.create_task(worker.run())
+    try:
+        for _ in range(1500):  # a guard against hanging, not a timing assertion
+            async with services.sessions() as s:
+                pending = await s.scalar(
+                    select(deliveries.c.id)
+                    .where(
+                        deliveries.c.id.in_(ids),
+                        deliveries.c.status.in_(["queued", "retrying", "sending", "unknown"]),
+                    )
+                    .limit(1)
+                )
+            if pending is None:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("deliveries did not settle")
+    finally:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+
+async def _status(services: Services, delivery_id: uuid.UUID) -> str:
+    async with services.sessions() as s:
+        value: str = await s.scalar(
+            select(deliveries.c.status).where(deliveries.c.id == delivery_id)
+        )
+    return value
+
+
+async def test_500_n_times_then_200_with_growing_gaps(
+    services: Services, retry_settings: RetrySettings, stub: StubProvider
+) -> None:
+    n = 4
+    settings = dataclasses.replace(
+        retry_settings, base_seconds=0.04, max_seconds=10.0, max_attempts=6
+    )
+    async with services.sessions() as s, s.begin():
+        (delivery_id,) = await insert_deliveries(s, 1, status="queued")
+    stub.script[str(delivery_id)] = [500] * n
+    dispatch = ContractDispatch(services.sessions, settings, stub.url, rng=MaxRng())
+    try:
+        await _run_until_settled(
+            Worker(services.sessions, dispatch, settings), services, [delivery_id]
+        )
+    finally:
+        await dispatch.aclose()
+    assert await _status(services, delivery_id) == "sent"
+    assert stub.calls[str(delivery_id)] == n + 1
+    backoff = Backoff(0.04, 10.0, 6)
+    expected = [ceiling_seconds(backoff, k) for k in range(1, n + 1)]  # 0.04, 0.08, 0.16, 0.32
+    assert dispatch.scheduled_delays == expected
+    times = stub.times[str(delivery_id)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    # every retry waited at least its (growing) delay: never early
+    assert all(gap >= delay for gap, delay in zip(gaps, expected, strict=True))
+    assert expected == sorted(expected) and len(set(expected)) == n
+
+
+async def test_always_failing_then_dlq_then_redrive(
+    services: Services, retry_settings: RetrySettings, stub: StubProvider
+) -> None:
+    settings = dataclasses.replace(retry_settings, max_attempts=3)
+    async with services.sessions() as s, s.begin():
+        (delivery_id,) = await insert_deliveries(s, 1, status="queued", channel="email")
+    stub.script[str(delivery_id)] = [503] * 3
+    dispatch = ContractDispatch(services.sessions, settings, stub.url)
+    worker = Worker(services.sessions, dispatch, settings)
+    try:
+        await _run_until_settled(worker, services, [delivery_id])
+        assert await _status(services, delivery_id) == "dead"
+        assert stub.calls[str(delivery_id)] == 3
+        async with services.sessions() as s:
+            entries, _ = await dlq.list_entries(s, dlq.DeadLetterFilter())
+        (entry,) = entries
+        assert entry.row.reason == "max_attempts" and entry.row.last_error == "HTTP 503"
+        assert [h["error_code"] for h in entry.row.attempt_history] == ["503"] * 3
+
+        async with services.sessions() as s:
+            await dlq.redrive(s, entry.row.id, actor="test")
+            await s.commit()
+        # a fresh budget: attempts counter back to 0, history kept
+        async with services.sessions() as s:
+            row = (
+                await s.execute(
+                    select(deliveries.c.status, deliveries.c.attempts).where(
+                        deliveries.c.id == delivery_id
+                    )
+                )
+            ).one()
+        assert (row.status, row.attempts) == ("queued", 0)
+        await _run_until_settled(worker, services, [delivery_id])
+    finally:
+        await dispatch.aclose()
+    assert await _status(services, delivery_id) == "sent"
+    assert stub.calls[str(delivery_id)] == 4
+    async with services.sessions() as s:
+        numbers = (
+            await s.execute(
+                select(attempts.c.number, attempts.c.status)
+                .where(attempts.c.delivery_id == delivery_id)
+                .order_by(attempts.c.number)
+            )
+        ).all()
+    assert [tuple(r) for r in numbers] == [
+        (1, "transient"),
+        (2, "transient"),
+        (3, "transient"),
+        (4, "accepted"),
+    ]
+
+
+async def test_retry_after_is_honoured(services: Services, retry_settings: RetrySettings) -> None:
+    provider = StubProvider(retry_after=0.3)
+    settings = dataclasses.replace(retry_settings, base_seconds=0.001, max_seconds=0.002)
+    with provider.running():
+        async with services.sessions() as s, s.begin():
+            (delivery_id,) = await insert_deliveries(s, 1, status="queued")
+        provider.script[str(delivery_id)] = [429]
+        dispatch = ContractDispatch(services.sessions, settings, provider.url)
+        try:
+            await _run_until_settled(
+                Worker(services.sessions, dispatch, settings), services, [delivery_id]
+            )
+        finally:
+            await dispatch.aclose()
+    assert dispatch.scheduled_delays == [0.3]
+    first, second = provider.times[str(delivery_id)]
+    assert second - first >= 0.3
+
+
+async def test_an_open_circuit_defers_without_counting_attempts(
+    services: Services, retry_settings: RetrySettings, stub: StubProvider
+) -> None:
+    clock = [1000.0]
+    breaker = InProcessBreaker(clock=lambda: clock[0])
+    await breaker.record_failure("stub", account_level=True)
+    async with services.sessions() as s, s.begin():
+        ids = await insert_deliveries(s, 5, status="queued")
+    dispatch = ContractDispatch(services.sessions, retry_settings, stub.url, breaker=breaker)
+    worker = Worker(services.sessions, dispatch, retry_settings)
+    try:
+        await worker.run_once()
+        async with services.sessions() as s:
+            rows = (
+                await s.execute(
+                    select(deliveries.c.status, deliveries.c.attempts).where(
+                        deliveries.c.id.in_(ids)
+                    )
+                )
+            ).all()
+        assert {(r.status, r.attempts) for r in rows} == {("retrying", 0)}
+        assert sum(stub.calls.values()) == 0
+        clock[0] += 10_000  # cool-down over: one probe, then closed again
+        await _run_until_settled(worker, services, ids)
+    finally:
+        await dispatch.aclose()
+    assert sum(stub.calls.values()) == 5
+    assert await breaker.state("stub") == "closed"

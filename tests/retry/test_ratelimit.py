@@ -1,0 +1,135 @@
+"""Token buckets: one suite over the Redis implementation (real Redis) and the in-process one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from redis.asyncio import Redis
+
+from gateway.services import Services
+from retry.ratelimit import InProcessTokenBucket, RateLimiter, RedisTokenBucket, bucket_for
+from retry.settings import RateSpec
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+Factory = Callable[..., RateLimiter]
+
+
+@pytest.fixture(params=["redis", "in_process"])
+def make_limiter(request: pytest.FixtureRequest, services: Services) -> Factory:
+    def make(limits: dict[str, RateSpec], clock: FakeClock, low_share: float = 0.6) -> RateLimiter:
+        if request.param == "redis":
+            assert services.redis is not None
+            return RedisTokenBucket(
+                services.redis,
+                limits,
+                prefix=services.settings.redis_prefix,
+                low_share=low_share,
+                clock=clock,
+            )
+        return InProcessTokenBucket(limits, low_share=low_share, clock=clock)
+
+    return make
+
+
+async def _drain(limiter: RateLimiter, key: str, priority: str) -> int:
+    taken = 0
+    while await limiter.acquire(key, priority):
+        taken += 1
+        assert taken < 10_000
+    return taken
+
+
+async def test_burst_then_refill_at_the_rate(make_limiter: Factory) -> None:
+    clock = FakeClock()
+    limiter = make_limiter({"ses": RateSpec(10.0, 20.0)}, clock)
+    assert await _drain(limiter, "ses", "normal") == 20
+    clock.now += 0.5  # 5 tokens
+    assert await _drain(limiter, "ses", "high") == 5
+    clock.now += 100  # refill stops at the capacity
+    assert await _drain(limiter, "ses", "normal") == 20
+    # a clock that goes backwards refills nothing
+    clock.now -= 50
+    assert not await limiter.acquire("ses", "high")
+
+
+async def test_low_priority_uses_at_most_its_share(make_limiter: Factory) -> None:
+    clock = FakeClock()
+    limiter = make_limiter({"ses": RateSpec(10.0, 10.0)}, clock)
+    # low may take 6 of 10; the remaining 4 stay for high/normal
+    assert await _drain(limiter, "ses", "low") == 6
+    assert await _drain(limiter, "ses", "high") == 4
+    clock.now += 0.3  # 3 tokens: below the reserve, so low still gets nothing
+    assert not await limiter.acquire("ses", "low")
+    assert await _drain(limiter, "ses", "normal") == 3
+
+
+async def test_an_otp_gets_a_token_under_a_full_low_priority_load(make_limiter: Factory) -> None:
+    clock = FakeClock()
+    limiter = make_limiter({"twilio:*": RateSpec(1.0)}, clock)  # a long code: 1 SMS/s
+    key = "twilio:+15005550006"
+    low_sent = 0
+    for _ in range(600):  # a campaign hammering the sender for a minute, 10 tries a second
+        clock.now += 0.1
+        low_sent += await limiter.acquire(key, "low")
+    # the campaign got (about) the sender's whole rate ...
+    assert 55 <= low_sent <= 62
+    # ... and the OTP still gets a token at once
+    assert await limiter.acquire(key, "high")
+
+
+async def test_keys_are_separate_and_unconfigured_keys_unlimited(make_limiter: Factory) -> None:
+    clock = FakeClock()
+    limiter = make_limiter(
+        {"twilio:*": RateSpec(1.0, 3.0), "twilio:MG123": RateSpec(100.0, 100.0)}, clock
+    )
+    assert await _drain(limiter, "twilio:+15550001", "normal") == 3
+    assert await _drain(limiter, "twilio:+15550002", "normal") == 3
+    assert await _drain(limiter, "twilio:MG123", "normal") == 100
+    for _ in range(1000):
+        assert await limiter.acquire("sandbox", "low")
+    with pytest.raises(ValueError):
+        await limiter.acquire("twilio:+15550003", "urgent")
+
+
+async def test_bucket_shapes() -> None:
+    # capacity defaults to one second of tokens, raised so that the reserve holds a whole
+    # token and low priority can take one
+    assert bucket_for(RateSpec(14.0), 0.6).capacity == 14.0
+    one = bucket_for(RateSpec(1.0), 0.6)
+    assert one.capacity == 3.0 and one.low_reserve >= 1.0
+    assert bucket_for(RateSpec(1.0), 1.0).capacity == 1.0
+    assert bucket_for(RateSpec(5.0, 2.0), 0.9).capacity == 10.0
+
+
+async def test_redis_buckets_are_shared_between_limiters(services: Services) -> None:
+    assert services.redis is not None
+    limits = {"ses": RateSpec(0.001, 50.0)}
+    prefix = services.settings.redis_prefix
+    # two "processes": separate clients, same Redis; the server's clock
+    other = Redis.from_url(services.settings.redis_url or "")
+    try:
+        a = RedisTokenBucket(services.redis, limits, prefix=prefix)
+        b = RedisTokenBucket(other, limits, prefix=prefix)
+        results = await asyncio.gather(*(lim.acquire("ses", "normal") for lim in [a, b] * 40))
+    finally:
+        await other.aclose()
+    assert sum(results) == 50
+
+
+async def test_in_process_limiter_is_the_default_without_redis(services: Services) -> None:
+    from retry.ratelimit import build_limiter
+
+    assert isinstance(
+        build_limiter(services.settings.retry, redis=None, prefix="x:"), InProcessTokenBucket
+    )
+    assert isinstance(services.extra["limiter"], RedisTokenBucket)
