@@ -33,7 +33,11 @@ def build_worker(services: Services) -> Worker | None:
     dispatch: Dispatch | None = services.extra.get("dispatch")
     if dispatch is None:
         return None
-    return Worker(services.sessions, dispatch, services.settings.retry)
+    ingestor = services.extra.get("ingestor")
+    # Parked callbacks whose send has since recorded its provider id are applied here too,
+    # in case the send path's own hook missed them (e.g. the process died in between).
+    maintenance = [ingestor.sweep_parked] if ingestor is not None else []
+    return Worker(services.sessions, dispatch, services.settings.retry, maintenance=maintenance)
 
 
 async def run_worker(services: Services) -> None:

@@ -31,7 +31,7 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,11 +84,15 @@ class Worker:
         settings: RetrySettings,
         *,
         clock: Clock = utcnow,
+        maintenance: Sequence[Callable[[], Awaitable[int]]] = (),
     ) -> None:
         self._sessions = sessions
         self._dispatch = dispatch
         self._settings = settings
         self._clock = clock
+        # Further periodic jobs handed in by the composition root (e.g. applying parked
+        # provider events), run with the sweeper.
+        self._maintenance = tuple(maintenance)
 
     async def run_once(self) -> RoundResult:
         """Claim one batch, settle what must not be sent, dispatch the rest; wait for them."""
@@ -110,13 +114,17 @@ class Worker:
                 return total
 
     async def sweep(self) -> int:
-        """Resolve stale in-progress attempts and abandoned claims (see `retry.sweeper`)."""
-        return await sweep_stale(
+        """Resolve stale in-progress attempts and abandoned claims (see `retry.sweeper`),
+        then run the maintenance jobs; returns how many rows all of them handled."""
+        handled = await sweep_stale(
             self._sessions,
             older_than_seconds=self._settings.stale_in_progress_seconds,
             now=self._clock(),
             settle_seconds=self._settings.unknown_settle_seconds,
         )
+        for job in self._maintenance:
+            handled += await job()
+        return handled
 
     async def run(self) -> None:
         """Loop until cancelled: rounds back to back while work is due, else poll; sweep
