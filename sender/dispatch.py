@@ -451,16 +451,7 @@ class Dispatcher:
             return
         if verdict.kind == UNKNOWN_OUTCOME:
             at = now + dt.timedelta(seconds=retry.unknown_settle_seconds)
-            await schedule(
-                session,
-                delivery.id,
-                at=at,
-                status=st.UNKNOWN,
-                reason=verdict.reason,
-                last_error=last_error,
-            )
-            delivery.status, delivery.next_attempt_at = st.UNKNOWN, at
-            delivery.reason, delivery.last_error = verdict.reason, last_error
+            await _requeue(session, delivery, at, st.UNKNOWN, verdict.reason, last_error)
             return
         if verdict.kind == ACCOUNT:
             # Not the recipient's fault: no suppression, no failure; wait and try again. A
@@ -473,16 +464,7 @@ class Dispatcher:
                 delay_seconds(backoff, delivery.attempts, retry_after=verdict.retry_after),
             )
             at = now + dt.timedelta(seconds=delay)
-            await schedule(
-                session,
-                delivery.id,
-                at=at,
-                status=st.QUEUED,
-                reason=verdict.reason,
-                last_error=last_error,
-            )
-            delivery.status, delivery.next_attempt_at = st.QUEUED, at
-            delivery.reason, delivery.last_error = verdict.reason, last_error
+            await _requeue(session, delivery, at, st.QUEUED, verdict.reason, last_error)
             return
         assert verdict.kind == TRANSIENT
         at_or_none = next_attempt_at(
@@ -499,16 +481,7 @@ class Dispatcher:
             await dead_letter(session, delivery.id, reason=reason, last_error=last_error)
             await session.refresh(delivery)
             return
-        await schedule(
-            session,
-            delivery.id,
-            at=at_or_none,
-            status=st.RETRYING,
-            reason=verdict.reason,
-            last_error=last_error,
-        )
-        delivery.status, delivery.next_attempt_at = st.RETRYING, at_or_none
-        delivery.reason, delivery.last_error = verdict.reason, last_error
+        await _requeue(session, delivery, at_or_none, st.RETRYING, verdict.reason, last_error)
 
     async def _after(
         self,
@@ -562,3 +535,17 @@ def _error_code(outcome: SendOutcome) -> str:
     if outcome.http_status is not None:
         return f"http_{outcome.http_status}"
     return "error"
+
+
+async def _requeue(
+    session: AsyncSession,
+    delivery: Delivery,
+    at: dt.datetime,
+    status: str,
+    reason: str | None,
+    last_error: str | None,
+) -> None:
+    """Put the delivery back on the retry queue and keep the loaded row in step with it."""
+    await schedule(session, delivery.id, at=at, status=status, reason=reason, last_error=last_error)
+    delivery.status, delivery.next_attempt_at = status, at
+    delivery.reason, delivery.last_error = reason, last_error
