@@ -1,4 +1,4 @@
-"""The `gateway` command: serve, worker, migrate, openapi, keys."""
+"""The `gateway` command: serve, worker, migrate, openapi, keys, suppressions, dlq."""
 
 from __future__ import annotations
 
