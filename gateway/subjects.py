@@ -108,7 +108,10 @@ def subject_for(
                 pass
     else:
         spellings.add(address.key.lstrip("+"))
-    unique = sorted({s.lower() for s in spellings if s}, key=len, reverse=True)
+    # NUL cannot appear in PostgreSQL text (nor in a pattern matched against it).
+    unique = sorted(
+        {s.lower().replace("\x00", "") for s in spellings if s} - {""}, key=len, reverse=True
+    )
     return Subject(address, protector.hash(channel, address.key), tuple(unique))
 
 

@@ -12,6 +12,7 @@ malformed parameters and bodies are 400; removing a `complaint` or `sms_stop` en
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from litestar.di import Provide
 from litestar.exceptions import HTTPException, NotFoundException
 from litestar.params import Parameter, QueryParameter
 from litestar.response import Stream
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from suppression import service
@@ -59,6 +61,9 @@ from suppression.unsubscribe import (
 from suppression.views import EntryView, HistoryView, entry_view, history_view
 
 MAX_CHECK_ADDRESSES = 10_000
+UNSUBSCRIBE_RETRY_AFTER_SECONDS = 60
+
+log = logging.getLogger("gateway.suppression")
 
 
 @dataclass(frozen=True)
@@ -213,6 +218,42 @@ def _address(context: SuppressionContext, channel: str, raw: str) -> Address:
         ) from None
 
 
+def _time(value: dt.datetime | None, name: str, status: int = 400) -> dt.datetime | None:
+    """A query/body time as UTC; a time at the calendar's edge with an offset (year 1 at
+    +14:00) parses but has no UTC equivalent, and must be refused here rather than overflow
+    in the database driver (a 500)."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    try:
+        return value.astimezone(dt.UTC)
+    except OverflowError:
+        raise _problem(status, "urn:problem:invalid-parameter", f"{name} is out of range") from None
+
+
+def _reason_filter(reason: str | None) -> str | None:
+    if reason is not None and reason not in service.REASONS:
+        raise _problem(
+            400,
+            "urn:problem:invalid-parameter",
+            f"reason must be one of {', '.join(service.REASONS)}",
+        )
+    return reason
+
+
+def _scope_value(scope: str | None, name: str = "scope", status: int = 400) -> str | None:
+    # The same rule as stored scopes (`validate_entry`); also keeps NUL and other characters
+    # PostgreSQL text cannot hold out of queries.
+    if scope is None:
+        return None
+    try:
+        service.validate_entry("email", "manual", scope)
+    except ValueError as exc:
+        raise _problem(status, "urn:problem:invalid-parameter", f"{name}: {exc}") from None
+    return scope
+
+
 def _entry(channel: str, reason: str, scope: str) -> None:
     try:
         service.validate_entry(channel, reason, scope)
@@ -252,9 +293,13 @@ class SuppressionsController(Controller):
                 after = decode_cursor(cursor)
             except InvalidCursor as exc:
                 raise _problem(400, "urn:problem:invalid-cursor", str(exc)) from None
-        rows, last = await page(
-            db_session, Filters(channel, reason, entry_scope, since), after=after, limit=limit
+        filters = Filters(
+            channel,
+            _reason_filter(reason),
+            _scope_value(entry_scope),
+            _time(since, "since"),
         )
+        rows, last = await page(db_session, filters, after=after, limit=limit)
         now = dt.datetime.now(dt.UTC)
         return SuppressionPage(
             items=[entry_view(suppression.protector, row, now) for row in rows],
@@ -292,6 +337,8 @@ class SuppressionsController(Controller):
         address = _address(suppression, data.channel, data.address)
         _entry(data.channel, data.reason, data.scope)
         if data.expires_at is not None:
+            if data.expires_at.tzinfo is not None:
+                _time(data.expires_at, "expires_at", 422)
             if data.expires_at.tzinfo is None:
                 problem = "expires_at needs a time zone"
             elif data.expires_at <= dt.datetime.now(dt.UTC):
@@ -339,12 +386,13 @@ class SuppressionsController(Controller):
         ] = False,
     ) -> SuppressionsRemoved:
         """Remove entries; complaint and sms_stop entries need `force=true` (else 409)."""
-        if not reason or not reason.strip():
+        if not reason or not reason.strip() or "\x00" in reason:
             raise _problem(
                 400,
                 "urn:problem:removal-reason-required",
-                "A reason query parameter is required to remove a suppression.",
+                "A reason query parameter (text) is required to remove a suppression.",
             )
+        _scope_value(entry_scope)
         normalized = _address(suppression, channel, address)
         address_hash = suppression.protector.hash(channel, normalized.key)
         try:
@@ -394,6 +442,7 @@ class SuppressionsController(Controller):
             raise _problem(
                 422, "urn:problem:invalid-category", "category must be transactional or marketing"
             )
+        _scope_value(data.topic, "topic", 422)
         topic = data.topic or ("marketing" if data.category == "marketing" else None)
         hashes: list[tuple[str, str]] = []
         invalid: list[CheckInvalid] = []
@@ -502,7 +551,7 @@ class SuppressionsController(Controller):
                 suppression.sessions,
                 suppression.protector,
                 fmt=format,
-                filters=Filters(since=since),
+                filters=Filters(since=_time(since, "since")),
             ),
             media_type=media_type,
             headers={
@@ -587,9 +636,19 @@ async def unsubscribe_one_click(
             client_ip=request.client.host if request.client else None,
             default_region=suppression.default_region,
         )
+        await db_session.commit()
     except InvalidUnsubscribeToken as exc:
         raise _problem(400, "urn:problem:invalid-unsubscribe-token", str(exc)) from None
-    await db_session.commit()
+    except (SQLAlchemyError, OSError):
+        # The database is unreachable or failed: nothing was stored. A 503 (not a 500) tells
+        # the mailbox provider to try again; the request came from outside and was valid.
+        log.exception("one-click unsubscribe could not be stored")
+        raise HTTPException(
+            status_code=503,
+            detail="The unsubscribe could not be recorded right now; please retry.",
+            headers={"Retry-After": str(UNSUBSCRIBE_RETRY_AFTER_SECONDS)},
+            extra={"type": "urn:problem:temporarily-unavailable"},
+        ) from None
     return Response(done_page(parsed), media_type=MediaType.HTML, headers=PAGE_HEADERS)
 
 

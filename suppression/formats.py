@@ -109,8 +109,9 @@ Parsed = ImportRecord | InvalidRecord
 
 
 def redact(text: str) -> str:
-    """Replace every email-like token with `[address]` and cap the length."""
-    return redact_text(text)
+    """Replace every email-like token with `[address]` and cap the length (NULs dropped:
+    PostgreSQL text and jsonb cannot hold them)."""
+    return redact_text(text.replace("\x00", ""))
 
 
 # --- physical lines and records ---------------------------------------------------------------
@@ -213,6 +214,8 @@ def _text(row: Mapping[str, Any], key: str, *, required: bool = False) -> str:
         return ""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"{key} must be a string")
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError(f"{key} contains a NUL character")  # PostgreSQL text cannot hold it
     return str(value).strip()
 
 
@@ -249,6 +252,10 @@ def _gateway(row: Mapping[str, Any]) -> _Mapped:
             raise ValueError("expires_at is not an ISO 8601 time") from None
         if expires_at.tzinfo is None:
             raise ValueError("expires_at needs a time zone")
+        try:
+            expires_at = expires_at.astimezone(dt.UTC)
+        except OverflowError:  # year 1 or 9999 with an offset: no UTC equivalent
+            raise ValueError("expires_at is out of range") from None
     evidence: dict[str, Any] = {"import_format": "gateway"}
     created = _time_text(row.get("created_at"))
     if created:

@@ -47,8 +47,9 @@ def decode_cursor(cursor: str) -> tuple[dt.datetime, uuid.UUID]:
         when = dt.datetime.fromisoformat(created)
         if when.tzinfo is None:
             raise ValueError("naive time")
-        return when, uuid.UUID(hex=entry)
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
+        # Year 1 or 9999 with an offset has no UTC equivalent (the driver would overflow).
+        return when.astimezone(dt.UTC), uuid.UUID(hex=entry)
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError, OverflowError):
         raise InvalidCursor("the cursor is not valid") from None
 
 

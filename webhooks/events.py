@@ -9,6 +9,7 @@ encrypted.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import re
 from dataclasses import dataclass, field
@@ -56,17 +57,45 @@ class FeedbackEvent:
         return str(value) if value else None
 
 
+def _without_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_nul(v) for v in value]
+    return value
+
+
+def storable(event: FeedbackEvent) -> FeedbackEvent:
+    """`event` with U+0000 removed from everything stored as text or JSON.
+
+    PostgreSQL text and jsonb cannot hold NUL, and a JSON payload or a form field may carry
+    it (``\u0000``, ``%00``); left in, it would fail the insert on every retry of the
+    provider (a 503 forever) instead of being stored. `raw` is kept as it is: it is stored
+    as ciphertext of its JSON, where NUL is escaped.
+    """
+    return dataclasses.replace(
+        event,
+        provider_event_id=_without_nul(event.provider_event_id),
+        event_type=_without_nul(event.event_type),
+        provider_message_id=_without_nul(event.provider_message_id),
+        delivery_ref=_without_nul(event.delivery_ref),
+        details=_without_nul(event.details),
+    )
+
+
 def parse_time(value: Any) -> dt.datetime | None:
     """An aware UTC datetime from an ISO 8601 string (SES/SNS style), or None."""
     if not isinstance(value, str) or not value:
         return None
     try:
         parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=dt.UTC)
+        return parsed.astimezone(dt.UTC)
+    except (ValueError, OverflowError):  # OverflowError: year 1 or 9999 with an offset
         return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.UTC)
-    return parsed.astimezone(dt.UTC)
 
 
 def normalize_recipient(channel: str, raw: Any, default_region: str = "US") -> Address | None:

@@ -58,7 +58,7 @@ from suppression.db import utcnow
 from suppression.normalize import Address
 from webhooks import ses, store, twilio
 from webhooks.classify import OUTCOMES, Classification, Outcome, classify
-from webhooks.events import FeedbackEvent
+from webhooks.events import FeedbackEvent, storable
 from webhooks.models import ProviderEvent
 from webhooks.settings import WebhookSettings
 from webhooks.state import (
@@ -171,6 +171,7 @@ class FeedbackIngestor:
     async def ingest(self, events: Sequence[FeedbackEvent]) -> list[str]:
         """Apply normalized events in one transaction; one disposition per event."""
         flags: list[tuple[str, str]] = []
+        events = [storable(event) for event in events]
         async with self._sessions() as session:
             dispositions = [await self._one(session, event, flags) for event in events]
             await session.commit()
@@ -184,6 +185,7 @@ class FeedbackIngestor:
 
         Returns `disposition`, or ``duplicate`` when it was stored before.
         """
+        event = storable(event)
         async with self._sessions() as session:
             row_id = await store.claim(
                 session,

@@ -355,8 +355,10 @@ def _parse_timestamp(value: str) -> datetime:
     # SNS writes ISO 8601 UTC with milliseconds and a Z ("2022-07-28T22:36:35.427Z").
     try:
         parsed = datetime.fromisoformat(value)
-    except ValueError:
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        # A time at the edge of the calendar with an offset ("0001-01-01T00:00:00+14:00")
+        # parses but has no UTC equivalent: OverflowError, which must not become a 500.
+        return parsed.astimezone(UTC)
+    except (ValueError, OverflowError):
         raise MalformedPayload("SNS Timestamp is not an ISO 8601 time") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
