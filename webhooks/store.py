@@ -17,6 +17,7 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from suppression import service
 from suppression.crypto import AddressProtector
 from suppression.db import new_id, utcnow
 from webhooks.events import FeedbackEvent
@@ -40,9 +41,15 @@ async def claim(
     disposition: str,
     received_at: dt.datetime | None = None,
 ) -> uuid.UUID | None:
-    """Store `event` unless already stored; its row id, or None for a duplicate."""
+    """Store `event` unless already stored; its row id, or None for a duplicate.
+
+    The raw payload (which names the recipient) is not kept for a person whose data was
+    erased: a late callback must not bring the address back.
+    """
     payload = None
-    if event.raw is not None:
+    if event.raw is not None and not (
+        recipient_hash and await service.erased_hashes(session, [(event.channel, recipient_hash)])
+    ):
         payload = protector.encrypt(json.dumps(event.raw, separators=(",", ":"), default=str))
     row_id = await session.scalar(
         insert(ProviderEvent)
