@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gateway.auth import api_key_guard
 from gateway.health import healthz, readyz
 from gateway.keys_api import KeysController
+from gateway.metrics import metrics
 from gateway.problems import EXCEPTION_HANDLERS
 from gateway.services import Services
 from gateway.settings import Settings
@@ -47,7 +48,7 @@ def provide_services(state: State) -> Services:
 
 def route_handlers() -> list[Any]:
     """Every package's routes; the composition root is the only place that lists them."""
-    handlers: list[Any] = [healthz, readyz, KeysController]
+    handlers: list[Any] = [healthz, readyz, metrics, KeysController]
     handlers += [*SUPPRESSION_ROUTES, *SUBJECT_ROUTES]
     handlers.append(MessagesController)
     handlers += WEBHOOK_ROUTES
