@@ -181,7 +181,10 @@ def _iso_time(value: str) -> dt.datetime:
         raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {value!r}") from None
     if parsed.tzinfo is None:
         raise argparse.ArgumentTypeError(f"needs a time zone (e.g. +00:00): {value!r}")
-    return parsed
+    try:
+        return parsed.astimezone(dt.UTC)
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"time out of range: {value!r}") from None
 
 
 def cmd_suppressions(args: argparse.Namespace) -> int:

@@ -72,6 +72,16 @@ def validation_exception_handler(
     )
 
 
+def too_deep_handler(request: Request[Any, Any, Any], exc: RecursionError) -> Response[Any]:
+    """A body nested too deeply for the decoder is the client's problem, not ours."""
+    return problem_response(
+        HTTP_400_BAD_REQUEST,
+        "The request body is nested too deeply.",
+        type_="urn:problem:validation",
+        errors=[],
+    )
+
+
 def internal_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """Last resort: log the failure, say nothing of internals."""
     log.exception("unhandled error on %s %s", request.method, request.url.path)
@@ -83,6 +93,7 @@ def internal_error_handler(request: Request[Any, Any, Any], exc: Exception) -> R
 EXCEPTION_HANDLERS: dict[type[Exception] | int, Any] = {
     ValidationException: validation_exception_handler,
     HTTPException: http_exception_handler,
+    RecursionError: too_deep_handler,
     Exception: internal_error_handler,
 }
 

@@ -84,3 +84,30 @@ async def test_readyz_is_503_when_the_database_is_unreachable(settings: Settings
             assert (await c.get("/healthz")).status_code == 200
     finally:
         await services.close()
+
+
+async def test_deeply_nested_json_is_400_not_500(
+    client: httpx.AsyncClient, make_key: Callable[..., Awaitable[str]]
+) -> None:
+    secret = await make_key("admin")
+    depth = 5000
+    body = '{"scopes": ["read"], "name": ' + "[" * depth + "]" * depth + "}"
+    response = await client.post(
+        "/v1/keys", content=body, headers={**bearer(secret), "content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert response.headers["content-type"].startswith("application/problem+json")
+
+
+def test_cli_time_arguments_reject_times_utc_cannot_hold() -> None:
+    import argparse
+
+    import pytest
+
+    from gateway.cli import _iso_time
+
+    assert _iso_time("2026-01-01T12:00:00+02:00").isoformat() == "2026-01-01T10:00:00+00:00"
+    with pytest.raises(argparse.ArgumentTypeError):
+        _iso_time("0001-01-01T00:00:00+14:00")
+    with pytest.raises(argparse.ArgumentTypeError):
+        _iso_time("2026-01-01T12:00:00")
