@@ -107,10 +107,14 @@ def entry_detail(entry: dlq.Entry) -> DeadLetterDetail:
 
 
 def _aware(value: dt.datetime | None) -> dt.datetime | None:
-    # A time without a zone is taken as UTC (every stored time is UTC).
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=dt.UTC)
-    return value
+    # A time without a zone is taken as UTC (every stored time is UTC); one that UTC cannot
+    # represent is the client's mistake (400), not a database error.
+    if value is None:
+        return None
+    try:
+        return dlq.utc_time(value)
+    except ValueError as exc:
+        raise ClientException(str(exc)) from None
 
 
 def _actor(request: Request[Any, Any, Any]) -> str:

@@ -159,6 +159,20 @@ def _conditions(f: DeadLetterFilter) -> list[Any]:
     return conds
 
 
+def utc_time(value: dt.datetime) -> dt.datetime:
+    """`value` in UTC (a naive time is taken as UTC).
+
+    Raises `ValueError` when UTC cannot represent it (e.g. `0001-01-01T00:00:00+14:00`), which
+    the database driver would otherwise reject with an error of its own.
+    """
+    if value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    try:
+        return value.astimezone(dt.UTC)
+    except OverflowError:
+        raise ValueError(f"time out of range: {value.isoformat()}") from None
+
+
 def encode_cursor(created_at: dt.datetime, entry_id: uuid.UUID) -> str:
     """An opaque keyset cursor for the position after this entry."""
     raw = f"{created_at.isoformat()}|{entry_id}".encode()
@@ -173,7 +187,7 @@ def decode_cursor(cursor: str) -> tuple[dt.datetime, uuid.UUID]:
         at = dt.datetime.fromisoformat(stamp)
         if at.tzinfo is None:
             raise ValueError("naive time")
-        return at, uuid.UUID(ident)
+        return utc_time(at), uuid.UUID(ident)
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise BadCursor("invalid cursor") from None
 
@@ -365,4 +379,5 @@ __all__ = [
     "list_entries",
     "redrive",
     "redrive_batch",
+    "utc_time",
 ]

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from sqlalchemy import Column, DateTime, String, Text, Uuid, select, table
 from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -122,7 +123,7 @@ class SendService:
         now = utcnow()
         recipients = self._recipients(request)
         content = self._content(request)
-        self._check_rest(request, now)
+        request = self._check_rest(request, now)
         topic = request.topic or ("marketing" if request.category == "marketing" else None)
         answer_or_ids = await self._claim(
             client_id=client_id,
@@ -221,13 +222,23 @@ class SendService:
             )
         return content
 
-    def _check_rest(self, request: SendMessage, now: dt.datetime) -> None:
+    def _check_rest(self, request: SendMessage, now: dt.datetime) -> SendMessage:
+        """Check the deadline and metadata; returns the request with `expires_at` in UTC."""
         problems: list[dict[str, str]] = []
-        if request.expires_at is not None:
-            if request.expires_at.tzinfo is None:
+        expires_at = request.expires_at
+        if expires_at is not None:
+            if expires_at.tzinfo is None:
                 problems.append({"field": "expires_at", "problem": "needs a UTC offset (RFC 3339)"})
-            elif request.expires_at <= now:
-                problems.append({"field": "expires_at", "problem": "is in the past"})
+            else:
+                try:
+                    # 9999-12-31T23:59:59-14:00 is a valid RFC 3339 time that UTC (and so
+                    # the database driver) cannot represent.
+                    expires_at = expires_at.astimezone(dt.UTC)
+                except OverflowError:
+                    problems.append({"field": "expires_at", "problem": "is out of range"})
+                else:
+                    if expires_at <= now:
+                        problems.append({"field": "expires_at", "problem": "is in the past"})
         metadata = request.metadata or {}
         if len(metadata) > MAX_METADATA_KEYS:
             problems.append({"field": "metadata", "problem": f"at most {MAX_METADATA_KEYS} keys"})
@@ -248,6 +259,7 @@ class SendService:
                 "; ".join(f"{p['field']} {p['problem']}" for p in problems),
                 {"errors": problems},
             )
+        return msgspec.structs.replace(request, expires_at=expires_at)
 
     async def _claim(
         self,
