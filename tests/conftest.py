@@ -24,6 +24,7 @@ from cryptography.fernet import Fernet
 from litestar import Litestar
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 import gateway.models  # noqa: F401  (register every table for truncation)
 import retry.models  # noqa: F401
@@ -104,11 +105,30 @@ def redis_url() -> Iterator[str]:
 
 
 def _truncate_all(url: str) -> None:
+    """Empty every table. A connection that an earlier (failed) test left inside a transaction
+    would make TRUNCATE wait forever; after a short lock timeout such leftovers, which can only
+    belong to this test session's own database, are ended and the TRUNCATE is retried."""
     engine = create_engine(_sync_url(url))
     tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
-    with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
-    engine.dispose()
+    try:
+        for attempt in range(3):
+            try:
+                with engine.begin() as conn:
+                    conn.execute(text("SET LOCAL lock_timeout = '5s'"))
+                    conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+                return
+            except OperationalError:
+                if attempt == 2:
+                    raise
+                with engine.connect() as conn:
+                    conn.execute(
+                        text(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                        )
+                    )
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture
