@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from tests.conftest import gateway_env
-
-GATEWAY = str(Path(sys.executable).with_name("gateway"))
+from tests.support.process import GATEWAY
 
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

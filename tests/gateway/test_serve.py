@@ -2,39 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-GATEWAY = str(Path(sys.executable).with_name("gateway"))
-
-
-def _clean_env(**extra: str) -> dict[str, str]:
-    """The process environment without any gateway configuration."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not (k.startswith("GATEWAY_") or k in ("DATABASE_URL", "REDIS_URL"))
-    }
-    env.update(extra)
-    return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from tests.support.process import GATEWAY, clean_env, free_port, wait_answering
 
 
 @pytest.fixture
@@ -49,27 +27,11 @@ def _start(cwd: Path, port: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [GATEWAY, "serve", "--port", str(port)],
         cwd=cwd,
-        env=_clean_env(),
+        env=clean_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def _wait_ready(proc: subprocess.Popen[str], port: int, timeout: float = 90.0) -> httpx.Response:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            out, err = proc.communicate()
-            raise AssertionError(f"gateway exited {proc.returncode}:\n{out}\n{err}")
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2.0)
-        except httpx.HTTPError as exc:
-            last = exc
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"gateway did not answer within {timeout}s: {last}")
 
 
 def _stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
@@ -83,10 +45,10 @@ def _stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
 
 
 def test_serve_with_no_configuration_then_restart(workdir: Path) -> None:
-    port = _free_port()
+    port = free_port()
     first = _start(workdir, port)
     try:
-        response = _wait_ready(first, port)
+        response = wait_answering(first, port)
         assert response.status_code == 200, response.text
         assert response.json()["checks"]["database"]["ok"] is True
     finally:
@@ -99,7 +61,7 @@ def test_serve_with_no_configuration_then_restart(workdir: Path) -> None:
 
     second = _start(workdir, port)
     try:
-        assert _wait_ready(second, port).status_code == 200
+        assert wait_answering(second, port).status_code == 200
         # the key printed at the first start still works; no new key is printed
         listed = httpx.get(
             f"http://127.0.0.1:{port}/v1/keys", headers={"Authorization": f"Bearer {admin}"}
@@ -125,9 +87,9 @@ def test_bad_configuration_exits_2_with_one_line(
     workdir: Path, env: dict[str, str], name: str
 ) -> None:
     proc = subprocess.run(
-        [GATEWAY, "serve", "--port", str(_free_port())],
+        [GATEWAY, "serve", "--port", str(free_port())],
         cwd=workdir,
-        env=_clean_env(**env),
+        env=clean_env(**env),
         capture_output=True,
         text=True,
         timeout=60,

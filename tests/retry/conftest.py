@@ -15,8 +15,7 @@ from tests.retry.helpers import StubProvider
 @pytest.fixture
 def stub() -> Iterator[StubProvider]:
     """A running stub provider answering 200 unless scripted otherwise."""
-    provider = StubProvider()
-    with provider.running():
+    with StubProvider() as provider:
         yield provider
 
 

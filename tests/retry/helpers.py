@@ -1,4 +1,5 @@
-"""Test helpers of the retry suite: bulk delivery rows, a stub provider, a contract dispatch.
+"""Test helpers of the retry suite: bulk delivery rows, row reads, a worker runner, a stub
+provider, a contract dispatch.
 
 `ContractDispatch` follows the documented dispatch contract of the send path (re-check
 suppression and deadline, one provider attempt written `in_progress` first, record the
@@ -9,20 +10,16 @@ under test are the worker, the policy, the limiter/breaker hooks and the DLQ.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import random
-import threading
-import time
 import uuid
-from collections import Counter, defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
-from sqlalchemy import func, select, text, update
+from sqlalchemy import Row, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from retry.breaker import CircuitBreaker
@@ -31,15 +28,10 @@ from retry.policy import backoff_from_settings, next_attempt_at
 from retry.queue import PRIORITY_NAMES, attempts, deliveries, schedule
 from retry.ratelimit import RateLimiter
 from retry.settings import RetrySettings
+from retry.worker import Worker
 from suppression import service as suppression_service
 from suppression.db import utcnow
-
-
-class _Server(ThreadingHTTPServer):
-    # Many workers connect at once: a deeper accept queue than the default 5.
-    request_queue_size = 256
-    daemon_threads = True
-
+from tests.stubs._server import Behavior, Call, StubServer
 
 # Columns the set-based INSERT fills itself; any other NOT NULL column of the (evolving)
 # schema gets its model's scalar default, so the helper follows schema changes.
@@ -154,60 +146,94 @@ async def insert_deliveries(
     return [r[0] for r in rows]
 
 
-class StubProvider:
-    """A tiny local HTTP provider: POST /send {"id": ...}; counts calls per delivery id.
+async def delivery_row(
+    sessions: async_sessionmaker[AsyncSession], delivery_id: uuid.UUID, *columns: Any
+) -> Row[Any]:
+    """These columns of one delivery row, as stored now."""
+    async with sessions() as s:
+        return (await s.execute(select(*columns).where(deliveries.c.id == delivery_id))).one()
 
-    `script[id]` is a list of status codes to answer in turn (then `default`); a 429/503 may
-    carry `retry_after` seconds.
+
+async def delivery_status(
+    sessions: async_sessionmaker[AsyncSession], delivery_id: uuid.UUID
+) -> str:
+    """The status of one delivery, as stored now."""
+    status: str = (await delivery_row(sessions, delivery_id, deliveries.c.status)).status
+    return status
+
+
+async def attempt_rows(
+    sessions: async_sessionmaker[AsyncSession], delivery_id: uuid.UUID
+) -> list[tuple[int, str]]:
+    """(number, status) of a delivery's attempts, in the order they were started."""
+    async with sessions() as s:
+        rows = await s.execute(
+            select(attempts.c.number, attempts.c.status)
+            .where(attempts.c.delivery_id == delivery_id)
+            .order_by(attempts.c.started_at, attempts.c.number)
+        )
+        return [(r.number, r.status) for r in rows]
+
+
+async def run_worker_until(
+    worker: Worker, done: Callable[[], Awaitable[bool]], *, polls: int = 1500
+) -> None:
+    """Run `worker` in the background until `done()` holds, then cancel it.
+
+    `polls` (every 20 ms) is a guard against hanging, not a timing assertion.
+    """
+    task = asyncio.create_task(worker.run())
+    try:
+        for _ in range(polls):
+            if await done():
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("the worker did not get there")
+    finally:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+
+class StubProvider(StubServer):
+    """A tiny local HTTP provider: `POST /send {"id": ...}` answers 200 `{"sid": ...}`.
+
+    Calls are recorded per delivery id (the `Call.recipient`); `fail(delivery_id, codes)`
+    scripts error answers for that delivery, in turn, before it is accepted again. A 429/503
+    carries `Retry-After: retry_after` when that is set.
     """
 
-    def __init__(self, *, default: int = 200, retry_after: float | None = None) -> None:
-        self.default = default
+    def __init__(self, *, retry_after: float | None = None) -> None:
+        super().__init__()
         self.retry_after = retry_after
-        self.script: dict[str, list[int]] = {}
-        self.calls: Counter[str] = Counter()
-        self.times: dict[str, list[float]] = defaultdict(list)
-        self.order: list[str] = []
-        self._lock = threading.Lock()
-        stub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    @property
+    def url(self) -> str:
+        return f"{super().url}/send"
 
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length) or b"{}")
-                ident = str(body.get("id"))
-                with stub._lock:
-                    stub.calls[ident] += 1
-                    stub.times[ident].append(time.monotonic())
-                    stub.order.append(ident)
-                    queue = stub.script.get(ident)
-                    code = queue.pop(0) if queue else stub.default
-                payload = json.dumps({"sid": f"SM{uuid.uuid4().hex}"}).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                if code in (429, 503) and stub.retry_after is not None:
-                    self.send_header("Retry-After", str(stub.retry_after))
-                self.end_headers()
-                self.wfile.write(payload)
+    def fail(self, delivery_id: uuid.UUID, codes: list[int]) -> None:
+        """Answer the next requests for `delivery_id` with these HTTP status codes."""
+        self.then_to(str(delivery_id), *(Behavior.error(c, None, f"HTTP {c}") for c in codes))
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
+    def calls_for(self, delivery_id: uuid.UUID) -> list[Call]:
+        """The requests made for `delivery_id`, in arrival order."""
+        return self.calls_to(str(delivery_id))
 
-        self.server = _Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/send"
+    def parse(self, path: str, headers: dict[str, str], raw: bytes) -> tuple[Any, str | None]:
+        body = json.loads(raw or b"{}")
+        return body, str(body.get("id"))
 
-    @contextmanager
-    def running(self) -> Iterator[StubProvider]:
-        thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield self
-        finally:
-            self.server.shutdown()
-            self.server.server_close()
+    def success(self, body: Any) -> tuple[int, dict[str, Any], dict[str, Any]]:
+        sid = f"SM{uuid.uuid4().hex}"
+        return 200, {"sid": sid}, {**body, "sid": sid}
+
+    def failure(self, behavior: Behavior) -> tuple[int, dict[str, Any], dict[str, str]]:
+        headers = {}
+        if behavior.status in (429, 503) and self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)
+        return behavior.status, {"message": behavior.message}, headers
 
 
 class MaxRng(random.Random):
@@ -364,72 +390,3 @@ class ContractDispatch:
             self.scheduled_delays.append((at - done).total_seconds())
             await schedule(s, delivery_id, at=at, status="retrying", last_error=error)
             return "retrying"
-
-
-class TwilioStub:
-    """A local stand-in for Twilio's Messages API, reached by the real `twilio` client.
-
-    Counts `messages.create` calls per recipient (`To`) and answers each from `script[to]`
-    (status codes in turn), then `default` (201). `deliveries[to]` holds the delivery ids seen
-    (they travel in the StatusCallback URL's `d` parameter).
-    """
-
-    def __init__(self, *, default: int = 201) -> None:
-        self.default = default
-        self.script: dict[str, list[int]] = {}
-        self.calls: Counter[str] = Counter()
-        self.times: dict[str, list[float]] = defaultdict(list)
-        self.deliveries: dict[str, set[str]] = defaultdict(set)
-        self._lock = threading.Lock()
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                from urllib.parse import parse_qs, urlsplit
-
-                length = int(self.headers.get("Content-Length", "0"))
-                form = parse_qs(self.rfile.read(length).decode())
-                callback = form.get("StatusCallback", [""])[0]
-                ident = form.get("To", ["?"])[0]
-                with stub._lock:
-                    stub.deliveries[ident].add(
-                        parse_qs(urlsplit(callback).query).get("d", ["?"])[0]
-                    )
-                    stub.calls[ident] += 1
-                    stub.times[ident].append(time.monotonic())
-                    queue = stub.script.get(ident)
-                    code = queue.pop(0) if queue else stub.default
-                if code < 300:
-                    body: dict[str, Any] = {
-                        "sid": f"SM{uuid.uuid4().hex}",
-                        "status": "queued",
-                        "to": form.get("To", [""])[0],
-                        "from": form.get("From", [""])[0],
-                        "account_sid": self.path.split("/")[3],
-                    }
-                else:
-                    body = {"code": 20500, "message": "Internal Server Error", "status": code}
-                payload = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = _Server(("127.0.0.1", 0), Handler)
-        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    @contextmanager
-    def running(self) -> Iterator[TwilioStub]:
-        thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield self
-        finally:
-            self.server.shutdown()
-            self.server.server_close()

@@ -7,9 +7,7 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 from sqlalchemy import select, text
@@ -21,8 +19,7 @@ from retry.queue import deliveries
 from tests.conftest import gateway_env
 from tests.retry.helpers import insert_deliveries
 from tests.retry.test_dlq_api import T0, _dead
-
-GATEWAY = str(Path(sys.executable).with_name("gateway"))
+from tests.support.process import GATEWAY
 
 
 def _env(services: Services, **extra: str) -> dict[str, str]:

@@ -6,13 +6,13 @@ the composition root) makes the later ones.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
 import itertools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -24,14 +24,16 @@ from gateway.services import Services, build_services
 from gateway.settings import Settings
 from retry import dlq
 from retry.models import DeadLetter
-from retry.queue import attempts, deliveries
+from retry.queue import deliveries
 from retry.settings import RateSpec
 from retry.worker import Worker
 from suppression import service as suppression
 from suppression.db import utcnow
 from suppression.normalize import normalize_phone
 from tests.conftest import bearer, replace_settings
-from tests.retry.helpers import TwilioStub
+from tests.retry.helpers import attempt_rows, delivery_status, run_worker_until
+from tests.stubs._server import Behavior
+from tests.stubs.twilio_stub import ACCOUNT_SID, AUTH_TOKEN, TwilioStub
 
 MAX_ATTEMPTS = 4
 
@@ -55,29 +57,28 @@ class Rig:
         return ident
 
     async def status(self, delivery_id: uuid.UUID) -> str:
-        async with self.services.sessions() as s:
-            value: str = await s.scalar(
-                select(deliveries.c.status).where(deliveries.c.id == delivery_id)
-            )
-        return value
+        return await delivery_status(self.services.sessions, delivery_id)
 
     async def run_worker_until(self, done: Callable[[], Awaitable[bool]]) -> None:
         worker = Worker(
             self.services.sessions, self.services.extra["dispatch"], self.services.settings.retry
         )
-        task = asyncio.create_task(worker.run())
-        try:
-            for _ in range(1500):  # a guard against hanging, not a timing assertion
-                if await done():
-                    return
-                await asyncio.sleep(0.02)
-            raise AssertionError("the worker did not get there")
-        finally:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await run_worker_until(worker, done)
+
+    def fail(self, to: str, times: int) -> None:
+        """The provider answers the next `times` messages to `to` with a 500."""
+        self.stub.then_to(to, *[Behavior.error(500, 20500, "Internal Server Error")] * times)
+
+    def calls(self, to: str) -> int:
+        """How many messages to `to` reached the provider."""
+        return len(self.stub.calls_to(to))
+
+    def delivery_ids(self, to: str) -> set[str]:
+        """The delivery ids the messages to `to` carried (in the StatusCallback's `d`)."""
+        return {
+            parse_qs(urlsplit(c.body["StatusCallback"]).query)["d"][0]
+            for c in self.stub.calls_to(to)
+        }
 
 
 @pytest.fixture
@@ -85,15 +86,14 @@ async def rig(settings: Settings, request: pytest.FixtureRequest) -> AsyncIterat
     """Services with the Twilio adapter pointed at a local stub; `indirect` params override
     retry settings."""
     overrides: dict[str, object] = getattr(request, "param", {})
-    stub = TwilioStub()
-    with stub.running():
+    with TwilioStub() as stub:
         custom = replace_settings(
             settings,
             sms_provider="twilio",
-            twilio_account_sid="AC" + "1" * 32,
-            twilio_auth_tokens=("test-auth-token",),
+            twilio_account_sid=ACCOUNT_SID,
+            twilio_auth_tokens=(AUTH_TOKEN,),
             sms_from="+15005550006",
-            twilio_api_base=stub.base,
+            twilio_api_base=stub.url,
             retry=dataclasses.replace(
                 settings.retry,
                 **{
@@ -120,19 +120,9 @@ async def rig(settings: Settings, request: pytest.FixtureRequest) -> AsyncIterat
             await services.close()
 
 
-async def _attempt_rows(rig: Rig, delivery_id: uuid.UUID) -> list[tuple[int, str]]:
-    async with rig.services.sessions() as s:
-        rows = await s.execute(
-            select(attempts.c.number, attempts.c.status)
-            .where(attempts.c.delivery_id == delivery_id)
-            .order_by(attempts.c.started_at)
-        )
-        return [(r.number, r.status) for r in rows]
-
-
 async def test_provider_500_n_times_then_200(rig: Rig) -> None:
     to, n = "+14155552671", 3
-    rig.stub.script[to] = [500] * n
+    rig.fail(to, n)
     delivery_id = await rig.send(to)
     assert await rig.status(delivery_id) == "retrying"
 
@@ -140,28 +130,28 @@ async def test_provider_500_n_times_then_200(rig: Rig) -> None:
         return await rig.status(delivery_id) == "sent"
 
     await rig.run_worker_until(sent)
-    assert rig.stub.calls[to] == n + 1
-    assert rig.stub.deliveries[to] == {str(delivery_id)}
-    assert await _attempt_rows(rig, delivery_id) == [
+    assert rig.calls(to) == n + 1
+    assert rig.delivery_ids(to) == {str(delivery_id)}
+    assert await attempt_rows(rig.services.sessions, delivery_id) == [
         (1, "transient"),
         (2, "transient"),
         (3, "transient"),
         (4, "accepted"),
     ]
-    times = rig.stub.times[to]
+    times = [c.at for c in rig.stub.calls_to(to)]
     assert all(b > a for a, b in itertools.pairwise(times))
 
 
 async def test_always_failing_ends_in_the_dlq_and_a_redrive_succeeds(rig: Rig) -> None:
     to = "+14155552672"
-    rig.stub.script[to] = [500] * 100
+    rig.fail(to, 100)
     delivery_id = await rig.send(to)
 
     async def dead() -> bool:
         return await rig.status(delivery_id) == "dead"
 
     await rig.run_worker_until(dead)
-    assert rig.stub.calls[to] == MAX_ATTEMPTS
+    assert rig.calls(to) == MAX_ATTEMPTS
     async with rig.services.sessions() as s:
         entry = (
             await s.execute(select(DeadLetter).where(DeadLetter.delivery_id == delivery_id))
@@ -173,7 +163,7 @@ async def test_always_failing_ends_in_the_dlq_and_a_redrive_succeeds(rig: Rig) -
     ]
 
     # the provider recovers; an operator redrives: a fresh budget, and it goes out
-    rig.stub.script[to] = []
+    rig.fail(to, 0)
     response = await rig.client.post(f"/v1/dlq/{entry.id}/redrive", headers=rig.headers)
     assert response.status_code == 200, response.text
     assert response.json()["state"] == "redriven"
@@ -182,15 +172,15 @@ async def test_always_failing_ends_in_the_dlq_and_a_redrive_succeeds(rig: Rig) -
         return await rig.status(delivery_id) == "sent"
 
     await rig.run_worker_until(sent)
-    assert rig.stub.calls[to] == MAX_ATTEMPTS + 1
-    rows = await _attempt_rows(rig, delivery_id)
+    assert rig.calls(to) == MAX_ATTEMPTS + 1
+    rows = await attempt_rows(rig.services.sessions, delivery_id)
     # the history is kept; the new attempt is recorded after it
     assert [status for _, status in rows] == ["transient"] * MAX_ATTEMPTS + ["accepted"]
 
 
 async def test_a_suppression_added_while_a_retry_waits(rig: Rig) -> None:
     to = "+14155552673"
-    rig.stub.script[to] = [500]
+    rig.fail(to, 1)
     delivery_id = await rig.send(to)
     assert await rig.status(delivery_id) == "retrying"
     # meanwhile the recipient texts STOP (or a bounce arrives) ...
@@ -209,13 +199,13 @@ async def test_a_suppression_added_while_a_retry_waits(rig: Rig) -> None:
 
     await rig.run_worker_until(settled)
     # ... so the retry ends `suppressed` without another provider call
-    assert rig.stub.calls[to] == 1
-    assert await _attempt_rows(rig, delivery_id) == [(1, "transient")]
+    assert rig.calls(to) == 1
+    assert await attempt_rows(rig.services.sessions, delivery_id) == [(1, "transient")]
 
 
 async def test_an_expired_otp_is_not_retried(rig: Rig) -> None:
     to = "+14155552674"
-    rig.stub.script[to] = [500]
+    rig.fail(to, 1)
     delivery_id = await rig.send(to, priority="high")
     assert await rig.status(delivery_id) == "retrying"
     async with rig.services.sessions() as s, s.begin():
@@ -229,7 +219,7 @@ async def test_an_expired_otp_is_not_retried(rig: Rig) -> None:
         return await rig.status(delivery_id) == "dead"
 
     await rig.run_worker_until(dead)
-    assert rig.stub.calls[to] == 1
+    assert rig.calls(to) == 1
     async with rig.services.sessions() as s:
         entries, _ = await dlq.list_entries(s, dlq.DeadLetterFilter(reason="expired"))
     assert [e.row.delivery_id for e in entries] == [delivery_id]
@@ -248,7 +238,7 @@ async def test_a_campaign_never_delays_an_otp(rig: Rig) -> None:
     assert statuses.count("sent") == 6
     # the rest are deferred: not sent, no provider call, no attempt counted
     assert statuses.count("queued") == 4
-    assert sum(rig.stub.calls.values()) == 6
+    assert rig.stub.count == 6
     async with rig.services.sessions() as s:
         counted = (
             (

@@ -9,7 +9,6 @@ test_end_to_end.py.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import itertools
 import uuid
@@ -20,43 +19,34 @@ from gateway.services import Services
 from retry import dlq
 from retry.breaker import InProcessBreaker
 from retry.policy import Backoff, ceiling_seconds
-from retry.queue import attempts, deliveries
+from retry.queue import deliveries
 from retry.settings import RetrySettings
 from retry.worker import Worker
-from tests.retry.helpers import ContractDispatch, MaxRng, StubProvider, insert_deliveries
+from tests.retry.helpers import (
+    ContractDispatch,
+    MaxRng,
+    StubProvider,
+    attempt_rows,
+    delivery_status,
+    insert_deliveries,
+    run_worker_until,
+)
 
 
 async def _run_until_settled(worker: Worker, services: Services, ids: list[uuid.UUID]) -> None:
-    task = asyncio.create_task(worker.run())
-    try:
-        for _ in range(1500):  # a guard against hanging, not a timing assertion
-            async with services.sessions() as s:
-                pending = await s.scalar(
-                    select(deliveries.c.id)
-                    .where(
-                        deliveries.c.id.in_(ids),
-                        deliveries.c.status.in_(["queued", "retrying", "sending", "unknown"]),
-                    )
-                    .limit(1)
+    async def settled() -> bool:
+        async with services.sessions() as s:
+            pending = await s.scalar(
+                select(deliveries.c.id)
+                .where(
+                    deliveries.c.id.in_(ids),
+                    deliveries.c.status.in_(["queued", "retrying", "sending", "unknown"]),
                 )
-            if pending is None:
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError("deliveries did not settle")
-    finally:
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
+                .limit(1)
+            )
+        return pending is None
 
-
-async def _status(services: Services, delivery_id: uuid.UUID) -> str:
-    async with services.sessions() as s:
-        value: str = await s.scalar(
-            select(deliveries.c.status).where(deliveries.c.id == delivery_id)
-        )
-    return value
+    await run_worker_until(worker, settled)
 
 
 async def test_500_n_times_then_200_with_growing_gaps(
@@ -68,7 +58,7 @@ async def test_500_n_times_then_200_with_growing_gaps(
     )
     async with services.sessions() as s, s.begin():
         (delivery_id,) = await insert_deliveries(s, 1, status="queued")
-    stub.script[str(delivery_id)] = [500] * n
+    stub.fail(delivery_id, [500] * n)
     dispatch = ContractDispatch(services.sessions, settings, stub.url, rng=MaxRng())
     try:
         await _run_until_settled(
@@ -76,12 +66,12 @@ async def test_500_n_times_then_200_with_growing_gaps(
         )
     finally:
         await dispatch.aclose()
-    assert await _status(services, delivery_id) == "sent"
-    assert stub.calls[str(delivery_id)] == n + 1
+    assert await delivery_status(services.sessions, delivery_id) == "sent"
+    assert len(stub.calls_for(delivery_id)) == n + 1
     backoff = Backoff(0.04, 10.0, 6)
     expected = [ceiling_seconds(backoff, k) for k in range(1, n + 1)]  # 0.04, 0.08, 0.16, 0.32
     assert dispatch.scheduled_delays == expected
-    times = stub.times[str(delivery_id)]
+    times = [c.at for c in stub.calls_for(delivery_id)]
     gaps = [b - a for a, b in itertools.pairwise(times)]
     # every retry waited at least its (growing) delay: never early
     assert all(gap >= delay for gap, delay in zip(gaps, expected, strict=True))
@@ -94,13 +84,13 @@ async def test_always_failing_then_dlq_then_redrive(
     settings = dataclasses.replace(retry_settings, max_attempts=3)
     async with services.sessions() as s, s.begin():
         (delivery_id,) = await insert_deliveries(s, 1, status="queued", channel="email")
-    stub.script[str(delivery_id)] = [503] * 3
+    stub.fail(delivery_id, [503] * 3)
     dispatch = ContractDispatch(services.sessions, settings, stub.url)
     worker = Worker(services.sessions, dispatch, settings)
     try:
         await _run_until_settled(worker, services, [delivery_id])
-        assert await _status(services, delivery_id) == "dead"
-        assert stub.calls[str(delivery_id)] == 3
+        assert await delivery_status(services.sessions, delivery_id) == "dead"
+        assert len(stub.calls_for(delivery_id)) == 3
         async with services.sessions() as s:
             entries, _ = await dlq.list_entries(s, dlq.DeadLetterFilter())
         (entry,) = entries
@@ -123,17 +113,9 @@ async def test_always_failing_then_dlq_then_redrive(
         await _run_until_settled(worker, services, [delivery_id])
     finally:
         await dispatch.aclose()
-    assert await _status(services, delivery_id) == "sent"
-    assert stub.calls[str(delivery_id)] == 4
-    async with services.sessions() as s:
-        numbers = (
-            await s.execute(
-                select(attempts.c.number, attempts.c.status)
-                .where(attempts.c.delivery_id == delivery_id)
-                .order_by(attempts.c.number)
-            )
-        ).all()
-    assert [tuple(r) for r in numbers] == [
+    assert await delivery_status(services.sessions, delivery_id) == "sent"
+    assert len(stub.calls_for(delivery_id)) == 4
+    assert await attempt_rows(services.sessions, delivery_id) == [
         (1, "transient"),
         (2, "transient"),
         (3, "transient"),
@@ -142,12 +124,11 @@ async def test_always_failing_then_dlq_then_redrive(
 
 
 async def test_retry_after_is_honoured(services: Services, retry_settings: RetrySettings) -> None:
-    provider = StubProvider(retry_after=0.3)
     settings = dataclasses.replace(retry_settings, base_seconds=0.001, max_seconds=0.002)
-    with provider.running():
+    with StubProvider(retry_after=0.3) as provider:
         async with services.sessions() as s, s.begin():
             (delivery_id,) = await insert_deliveries(s, 1, status="queued")
-        provider.script[str(delivery_id)] = [429]
+        provider.fail(delivery_id, [429])
         dispatch = ContractDispatch(services.sessions, settings, provider.url)
         try:
             await _run_until_settled(
@@ -156,7 +137,7 @@ async def test_retry_after_is_honoured(services: Services, retry_settings: Retry
         finally:
             await dispatch.aclose()
     assert dispatch.scheduled_delays == [0.3]
-    first, second = provider.times[str(delivery_id)]
+    first, second = [c.at for c in provider.calls_for(delivery_id)]
     assert second - first >= 0.3
 
 
@@ -181,10 +162,10 @@ async def test_an_open_circuit_defers_without_counting_attempts(
                 )
             ).all()
         assert {(r.status, r.attempts) for r in rows} == {("retrying", 0)}
-        assert sum(stub.calls.values()) == 0
+        assert stub.count == 0
         clock[0] += 10_000  # cool-down over: one probe, then closed again
         await _run_until_settled(worker, services, ids)
     finally:
         await dispatch.aclose()
-    assert sum(stub.calls.values()) == 5
+    assert stub.count == 5
     assert await breaker.state("stub") == "closed"

@@ -11,7 +11,7 @@ from gateway.services import Services
 from retry.queue import attempts, deliveries
 from retry.sweeper import sweep_stale
 from suppression.db import utcnow
-from tests.retry.helpers import insert_deliveries
+from tests.retry.helpers import delivery_row, insert_deliveries
 
 
 async def _attempt(
@@ -34,14 +34,9 @@ async def _attempt(
 
 
 async def _state(services: Services, delivery_id: uuid.UUID) -> tuple[str, dt.datetime | None]:
-    async with services.sessions() as s:
-        row = (
-            await s.execute(
-                select(deliveries.c.status, deliveries.c.next_attempt_at).where(
-                    deliveries.c.id == delivery_id
-                )
-            )
-        ).one()
+    row = await delivery_row(
+        services.sessions, delivery_id, deliveries.c.status, deliveries.c.next_attempt_at
+    )
     return row.status, row.next_attempt_at
 
 

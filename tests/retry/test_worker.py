@@ -15,7 +15,7 @@ from retry.queue import attempts, deliveries
 from retry.settings import RetrySettings
 from retry.worker import Worker
 from suppression.db import utcnow
-from tests.retry.helpers import insert_deliveries
+from tests.retry.helpers import insert_deliveries, run_worker_until
 
 
 class Recorder:
@@ -255,20 +255,17 @@ async def test_running_worker_picks_up_new_work(
     services: Services, retry_settings: RetrySettings
 ) -> None:
     recorder = Recorder(services)
-    task = asyncio.create_task(Worker(services.sessions, recorder, retry_settings).run())
-    try:
-        async with services.sessions() as s, s.begin():
-            ids = await insert_deliveries(s, 5, next_at=utcnow() + dt.timedelta(seconds=0.2))
-        for _ in range(500):
-            if len(recorder.calls) == 5:
-                break
-            await asyncio.sleep(0.02)
-    finally:
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
+    ids: list[uuid.UUID] = []
+
+    async def picked_up() -> bool:
+        if not ids:  # the worker is running already when the work is added
+            async with services.sessions() as s, s.begin():
+                ids.extend(
+                    await insert_deliveries(s, 5, next_at=utcnow() + dt.timedelta(seconds=0.2))
+                )
+        return len(recorder.calls) == 5
+
+    await run_worker_until(Worker(services.sessions, recorder, retry_settings), picked_up)
     assert sorted(recorder.calls) == sorted(ids)
 
 

@@ -13,6 +13,9 @@ from gateway.keys import create_key
 from gateway.services import Services
 from gateway.settings import Settings
 from sender.models import Attempt, Delivery, Message
+from suppression import service as suppression
+from suppression.models import Suppression
+from suppression.normalize import normalize
 from tests.conftest import replace_settings
 from tests.stubs.twilio_stub import ACCOUNT_SID, AUTH_TOKEN
 
@@ -98,6 +101,20 @@ async def attempts_of(services: Services, delivery_id: str | uuid.UUID) -> list[
             .order_by(Attempt.number)
         )
         return list(rows)
+
+
+async def suppress_sms(services: Services, number: str) -> Suppression:
+    """Put an SMS number on the suppression list (an `sms_stop`), committed; the entry."""
+    async with services.sessions() as session:
+        entry, _ = await suppression.add(
+            session,
+            services.protector,
+            normalize("sms", number),
+            reason="sms_stop",
+            source=suppression.Source(type="test"),
+        )
+        await session.commit()
+    return entry
 
 
 def email(to: list[str] | str, **extra: Any) -> dict[str, Any]:

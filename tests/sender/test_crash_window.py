@@ -13,10 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,15 +31,7 @@ from tests.conftest import gateway_env
 from tests.sender.helpers import SMS_FROM, provider_settings, sms
 from tests.stubs._server import Behavior
 from tests.stubs.twilio_stub import ACCOUNT_SID, AUTH_TOKEN, TwilioStub
-
-GATEWAY = str(Path(sys.executable).with_name("gateway"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from tests.support.process import GATEWAY, clean_env, free_port, wait_answering
 
 
 @pytest.fixture
@@ -53,14 +42,9 @@ def serve(
 
     def start() -> tuple[subprocess.Popen[bytes], int]:
         assert settings.database_url and settings.redis_url
-        port = _free_port()
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not (k.startswith(("GATEWAY_", "AWS_")) or k in ("DATABASE_URL", "REDIS_URL"))
-        }
-        env.update(
-            gateway_env(
+        port = free_port()
+        env = clean_env(
+            **gateway_env(
                 settings.database_url,
                 settings.redis_url,
                 GATEWAY_REDIS_PREFIX=settings.redis_prefix,
@@ -81,18 +65,8 @@ def serve(
             stderr=subprocess.PIPE,
         )
         procs.append(proc)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError(
-                    f"gateway exited: {proc.stderr.read() if proc.stderr else ''!r}"
-                )
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0)
-                return proc, port
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise AssertionError("gateway did not start")
+        wait_answering(proc, port, "/healthz", timeout=60)
+        return proc, port
 
     yield start
     for proc in procs:

@@ -19,10 +19,15 @@ from retry.models import DeadLetter
 from retry.settings import RateSpec
 from sender.dispatch import DeliveryNotFound, Dispatcher
 from sender.models import Attempt, Delivery
-from suppression import service as suppression
 from suppression.db import utcnow
-from suppression.normalize import normalize
-from tests.sender.helpers import Gateway, attempts_of, delivery, provider_settings, sms
+from tests.sender.helpers import (
+    Gateway,
+    attempts_of,
+    delivery,
+    provider_settings,
+    sms,
+    suppress_sms,
+)
 from tests.stubs._server import Behavior
 from tests.stubs.twilio_stub import TwilioStub
 
@@ -89,15 +94,7 @@ async def test_suppression_is_checked_again(
 ) -> None:
     gw = providers_gateway
     delivery_id = await _deferred_sms(gw, twilio_stub)
-    async with gw.services.sessions() as session:
-        entry, _ = await suppression.add(
-            session,
-            gw.services.protector,
-            normalize("sms", "+14155552671"),
-            reason="sms_stop",
-            source=suppression.Source(type="test"),
-        )
-        await session.commit()
+    entry = await suppress_sms(gw.services, "+14155552671")
     assert await gw.services.extra["dispatch"](uuid.UUID(delivery_id)) == "suppressed"
     row = await delivery(gw.services, delivery_id)
     assert (row.reason, row.suppression_id, row.next_attempt_at) == ("sms_stop", entry.id, None)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import socket
 import threading
 import uuid
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from tests.sender.helpers import (
 )
 from tests.stubs._server import Behavior
 from tests.stubs.twilio_stub import ACCOUNT_SID, TwilioStub
+from tests.support.process import free_port
 
 
 async def _suppression_reason(services: Services, number: str) -> str | None:
@@ -207,9 +207,7 @@ async def test_no_answer_after_sending_is_an_unknown_outcome(
 async def test_refused_connection_is_transient(
     settings: Settings, make_gateway: Callable[..., Any]
 ) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nothing listens there: the connection is refused
     async with make_gateway(
         provider_settings(settings, twilio_api_base=f"http://127.0.0.1:{port}")
     ) as gw:

@@ -6,11 +6,9 @@ import uuid
 
 from sqlalchemy import delete
 
-from suppression import service as suppression
 from suppression.models import Suppression
-from suppression.normalize import normalize
 from tests.conftest import bearer
-from tests.sender.helpers import Gateway, delivery, sms
+from tests.sender.helpers import Gateway, delivery, sms, suppress_sms
 from tests.stubs._server import Behavior
 from tests.stubs.twilio_stub import TwilioStub
 from webhooks.models import ProviderEvent
@@ -20,15 +18,7 @@ async def test_the_whole_story_of_a_message(
     providers_gateway: Gateway, twilio_stub: TwilioStub
 ) -> None:
     gw = providers_gateway
-    async with gw.services.sessions() as session:
-        entry, _ = await suppression.add(
-            session,
-            gw.services.protector,
-            normalize("sms", "+14155552673"),
-            reason="sms_stop",
-            source=suppression.Source(type="test"),
-        )
-        await session.commit()
+    entry = await suppress_sms(gw.services, "+14155552673")
     twilio_stub.by_recipient["+14155552672"] = Behavior.error(503, None, "unavailable")
     r = await gw.send(
         sms(

@@ -1,7 +1,9 @@
 """A tiny threaded HTTP server with programmable behaviours, shared by the provider stubs.
 
 Each request is answered by a `Behavior`: taken from the per-recipient table if one matches,
-else from the queue of scripted behaviours, else the default (accept). Behaviours:
+else from that recipient's own queue of scripted behaviours (`then_to`), else from the shared
+queue (`then`), else the default (accept). Every request is recorded as a `Call` with the
+monotonic time it arrived. Behaviours:
 
 * `accept` — the provider takes the message (counted in `accepted`) and answers success;
   `hold` (a `threading.Event`) keeps the answer back until it is set; `after_accept` runs
@@ -16,11 +18,13 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 
 @dataclass
@@ -59,6 +63,14 @@ class Call:
     body: Any
     recipient: str | None
     behavior: str
+    at: float
+    """`time.monotonic()` when the request arrived."""
+
+
+class _Server(ThreadingHTTPServer):
+    # Many workers may connect at once: a deeper accept queue than the default 5.
+    request_queue_size = 256
+    daemon_threads = True
 
 
 class StubServer:
@@ -69,6 +81,7 @@ class StubServer:
         self.accepted: list[dict[str, Any]] = []
         self.script: deque[Behavior] = deque()
         self.by_recipient: dict[str, Behavior] = {}
+        self.recipient_script: dict[str, deque[Behavior]] = {}
         self.received = threading.Event()
         self._lock = threading.Lock()
         stub = self
@@ -98,8 +111,7 @@ class StubServer:
                 self.wfile.write(data)
 
         self._handler_cls = Handler
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(
             target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
         )
@@ -129,41 +141,68 @@ class StubServer:
         host, port = self.server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> StubServer:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        for behavior in [*self.script, *self.by_recipient.values()]:
+        queued = [b for q in self.recipient_script.values() for b in q]
+        for behavior in [*self.script, *queued, *self.by_recipient.values()]:
             if behavior.hold is not None:
                 behavior.hold.set()
         self.server.shutdown()
         self.server.server_close()
 
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
     def then(self, *behaviors: Behavior) -> None:
         """Script the answers to the next requests, in order."""
         self.script.extend(behaviors)
+
+    def then_to(self, recipient: str, *behaviors: Behavior) -> None:
+        """Script the answers to the next requests for `recipient`, in order (replacing what
+        is left of its script; no behaviours clears it)."""
+        with self._lock:
+            self.recipient_script[recipient] = deque(behaviors)
 
     @property
     def count(self) -> int:
         """How many requests reached the stub."""
         return len(self.calls)
 
+    def calls_to(self, recipient: str) -> list[Call]:
+        """The requests for `recipient`, in arrival order."""
+        with self._lock:
+            return [c for c in self.calls if c.recipient == recipient]
+
     def _pick(self, recipient: str | None) -> Behavior:
         with self._lock:
             if recipient is not None and recipient in self.by_recipient:
                 return self.by_recipient[recipient]
+            own = self.recipient_script.get(recipient) if recipient is not None else None
+            if own:
+                return own.popleft()
             if self.script:
                 return self.script.popleft()
         return Behavior.accept()
 
     def _handle(self, handler: Any, raw: bytes) -> None:
+        at = time.monotonic()
         headers = {k.lower(): v for k, v in handler.headers.items()}
         body, recipient = self.parse(handler.path, headers, raw)
         refused = self.check(handler.path, headers)
         behavior = refused or self._pick(recipient)
         with self._lock:
-            self.calls.append(Call(handler.path, headers, body, recipient, behavior.kind))
+            self.calls.append(Call(handler.path, headers, body, recipient, behavior.kind, at))
         self.received.set()
         if behavior.kind == "error":
             status, answer, extra = self.failure(behavior)

@@ -23,6 +23,8 @@ from webhooks.models import ProviderEvent
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SES_FIXTURES = FIXTURES / "ses"
 TWILIO_PAYLOADS = FIXTURES / "twilio" / "payloads"
+PHONE = "+15005550006"
+"""The SMS recipient of the feedback tests (a Twilio test number)."""
 
 # Every SES fixture: file -> (normalized event type, number of recipient events).
 SES_FILES: dict[str, tuple[str, int]] = {

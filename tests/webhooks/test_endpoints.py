@@ -24,6 +24,7 @@ from gateway.services import Services, build_services
 from gateway.settings import Settings
 from tests.conftest import replace_settings
 from tests.webhooks.feedback import (
+    PHONE,
     SES_FILES,
     TWILIO_PAYLOADS,
     delivery_state,
@@ -53,7 +54,6 @@ from webhooks.errors import VERIFICATION_FAILURES
 from webhooks.sns import SnsVerifier
 
 TOKEN = "gateway-test-auth-token"
-PHONE = "+15005550006"
 STATUS_PATH = "/webhooks/twilio/status"
 INBOUND_PATH = "/webhooks/twilio/inbound"
 SNS_HEADERS = {

@@ -17,6 +17,7 @@ from sender.models import Attempt, Delivery
 from suppression import service
 from suppression.normalize import normalize
 from tests.webhooks.feedback import (
+    PHONE,
     delivery_state,
     hash_of,
     history,
@@ -31,7 +32,6 @@ from tests.webhooks.feedback import (
 from webhooks.ingest import PROVIDER_FLAGS, FeedbackIngestor
 
 JANE = "jane@example.com"
-PHONE = "+15005550006"
 
 
 @pytest.fixture
