@@ -9,8 +9,10 @@ back on the queue with a fresh attempt budget (the dispatch checks suppression a
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -168,16 +170,10 @@ class DeadLetterController(Controller):
     ) -> DeadLetterDetail:
         """Queue the delivery again with a fresh attempt budget; 409 when the entry is
         resolved already or its delivery is no longer dead."""
-        try:
+        async with _resolving(db_session, entry_id):
             entry = await dlq.redrive(
                 db_session, entry_id, actor=_actor(request), note=data.note if data else None
             )
-        except dlq.DeadLetterNotFound:
-            raise NotFoundException(f"No dead-letter entry {entry_id}.") from None
-        except dlq.DeadLetterConflict as exc:
-            await db_session.rollback()
-            raise HTTPException(status_code=409, detail=str(exc)) from None
-        await db_session.commit()
         return entry_detail(entry)
 
     @post("/redrive", status_code=200, summary="Redrive every open entry matching the filters")
@@ -210,15 +206,23 @@ class DeadLetterController(Controller):
         """Resolve the entry as discarded with a required `reason`; the delivery stays dead."""
         if not reason.strip():
             raise ClientException("A reason is required.")
-        try:
+        async with _resolving(db_session, entry_id):
             entry = await dlq.discard(db_session, entry_id, actor=_actor(request), reason=reason)
-        except dlq.DeadLetterNotFound:
-            raise NotFoundException(f"No dead-letter entry {entry_id}.") from None
-        except dlq.DeadLetterConflict as exc:
-            await db_session.rollback()
-            raise HTTPException(status_code=409, detail=str(exc)) from None
-        await db_session.commit()
         return entry_detail(entry)
+
+
+@contextlib.asynccontextmanager
+async def _resolving(session: AsyncSession, entry_id: uuid.UUID) -> AsyncIterator[None]:
+    """Resolve one entry: commit on success; 404 for an unknown entry, 409 (rolled back) for
+    one that is resolved already or whose delivery is no longer dead."""
+    try:
+        yield
+    except dlq.DeadLetterNotFound:
+        raise NotFoundException(f"No dead-letter entry {entry_id}.") from None
+    except dlq.DeadLetterConflict as exc:
+        await session.rollback()
+        raise HTTPException(status_code=409, detail=str(exc)) from None
+    await session.commit()
 
 
 __all__ = ["DeadLetterController", "entry_detail", "entry_view"]
