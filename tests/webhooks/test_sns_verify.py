@@ -565,9 +565,14 @@ def _one_ms_later(timestamp: str) -> str:
     return timestamp[:-2] + str((last + 1) % 10) + "Z"
 
 
+def _other_first(value: str) -> str:
+    return ("1" if value[0] == "0" else "0") + value[1:]
+
+
 TAMPERS: list[tuple[str, str, Callable[[dict[str, Any]], None]]] = [
     ("Notification", "message", lambda m: m.update(Message=m["Message"] + " ")),
-    ("Notification", "message-id", lambda m: m.update(MessageId="0" + m["MessageId"][1:])),
+    # Always a different first character (a random id may already start with "0").
+    ("Notification", "message-id", lambda m: m.update(MessageId=_other_first(m["MessageId"]))),
     ("Notification", "subject-added", lambda m: m.update(Subject="hi")),
     ("Notification", "timestamp", lambda m: m.update(Timestamp=_one_ms_later(m["Timestamp"]))),
     (
