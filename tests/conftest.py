@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import hypothesis
 import pytest
 from cryptography.fernet import Fernet
 from litestar import Litestar
@@ -37,6 +38,13 @@ from gateway.keys import create_key
 from gateway.services import Services, build_services
 from gateway.settings import RetrySettings, Settings
 from suppression.db import Base
+
+# No per-example time limit and no "too slow" health check: CI machines are small and shared,
+# and a slow example is not a wrong one (performance is measured by benchmarks/, not tests).
+hypothesis.settings.register_profile(
+    "gateway", deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow]
+)
+hypothesis.settings.load_profile("gateway")
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_TESTDATA = ROOT.parent / "shared" / "testdata"
