@@ -33,7 +33,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -125,6 +126,15 @@ class _Plan:
     number: int = 0
 
 
+@dataclass(frozen=True)
+class FreshDelivery:
+    """A just-created delivery, as the pre-gate check would see it (`Dispatcher.fresh`)."""
+
+    provider: Provider
+    message: OutgoingMessage
+    priority: str
+
+
 class Dispatcher:
     """Sends deliveries through the provider adapters and records every attempt."""
 
@@ -154,9 +164,19 @@ class Dispatcher:
         self.on_unknown_outcome = on_unknown_outcome
         self._clock = clock
 
-    async def dispatch(self, delivery_id: uuid.UUID) -> str:
-        """Make at most one provider attempt for a delivery; return its resulting status."""
-        plan = await self._prepare(delivery_id, begin=False)
+    async def dispatch(self, delivery_id: uuid.UUID, *, fresh: FreshDelivery | None = None) -> str:
+        """Make at most one provider attempt for a delivery; return its resulting status.
+
+        `fresh` (the send service's first dispatch only) stands in for the pre-gate read:
+        the delivery was created and checked against the suppression list moments ago in
+        the same request. Everything is checked again, under the row lock, before the
+        attempt is written (step 3), so a change in between is still seen.
+        """
+        plan = (
+            self._fresh_plan(fresh)
+            if fresh is not None
+            else await self._prepare(delivery_id, begin=False)
+        )
         if plan.provider is None or plan.message is None:
             return plan.status
         provider, message = plan.provider, plan.message
@@ -173,13 +193,41 @@ class Dispatcher:
 
     # -- step 1 and 3 -----------------------------------------------------------------------
 
+    def fresh(self, delivery: Delivery, content: Mapping[str, Any]) -> FreshDelivery | None:
+        """What `dispatch(..., fresh=)` needs about a delivery just created (not yet sent).
+
+        `delivery` is the new, queued, unsuppressed row as added; `content` the message
+        content in plaintext. None when no provider serves the channel (then `dispatch`
+        takes its ordinary path, which reports that).
+        """
+        provider = self.providers.get(delivery.channel)
+        if provider is None or delivery.recipient_encrypted is None:
+            return None
+        return FreshDelivery(
+            provider=provider,
+            message=self._outgoing_from(
+                delivery, self.protector.decrypt(delivery.recipient_encrypted), content
+            ),
+            priority=st.RANK_PRIORITY.get(delivery.priority_rank, "normal"),
+        )
+
+    def _fresh_plan(self, fresh: FreshDelivery) -> _Plan:
+        return _Plan(st.QUEUED, fresh.provider, fresh.message, fresh.priority)
+
     async def _prepare(self, delivery_id: uuid.UUID, *, begin: bool) -> _Plan:
         async with self.sessions() as session:
-            delivery = await session.get(Delivery, delivery_id, with_for_update=True)
-            if delivery is None:
+            # One round trip for both rows; only the delivery is locked (as before).
+            row = (
+                await session.execute(
+                    select(Delivery, Message)
+                    .join(Message, Message.id == Delivery.message_id)
+                    .where(Delivery.id == delivery_id)
+                    .with_for_update(of=Delivery)
+                )
+            ).first()
+            if row is None:
                 raise DeliveryNotFound(f"no delivery {delivery_id}")
-            message = await session.get(Message, delivery.message_id)
-            assert message is not None
+            delivery, message = row
             final = await self._check(session, delivery)
             if final is not None:
                 await session.commit()
@@ -192,27 +240,31 @@ class Dispatcher:
             if not begin:
                 await session.commit()
                 return _Plan(delivery.status, provider, outgoing, priority)
-            # Attempt numbers keep counting across a dead-letter redrive, which resets the
-            # budget counter (`delivery.attempts`) but keeps the history.
-            last_number = await session.scalar(
-                select(func.max(Attempt.number)).where(Attempt.delivery_id == delivery.id)
-            )
-            number = (last_number or 0) + 1
-            attempt = Attempt(
-                id=uuid.uuid4(),
-                delivery_id=delivery.id,
-                number=number,
-                status=st.AttemptStatus.IN_PROGRESS.value,
-                provider=provider.name,
-                started_at=self._clock(),
-            )
-            session.add(attempt)
-            delivery.status = st.SENDING
-            delivery.attempts += 1
-            delivery.provider = provider.name
-            delivery.next_attempt_at = None
-            delivery.updated_at = self._clock()
+            attempt_id = uuid.uuid4()
             try:
+                # Attempt numbers keep counting across a dead-letter redrive, which resets
+                # the budget counter (`delivery.attempts`) but keeps the history: the next
+                # number is computed in the INSERT itself, under the delivery lock.
+                number = await session.scalar(
+                    insert(Attempt)
+                    .values(
+                        id=attempt_id,
+                        delivery_id=delivery.id,
+                        number=select(func.coalesce(func.max(Attempt.number), 0) + 1)
+                        .where(Attempt.delivery_id == delivery.id)
+                        .scalar_subquery(),
+                        status=st.AttemptStatus.IN_PROGRESS.value,
+                        provider=provider.name,
+                        started_at=self._clock(),
+                    )
+                    .returning(Attempt.number)
+                )
+                assert number is not None
+                delivery.status = st.SENDING
+                delivery.attempts += 1
+                delivery.provider = provider.name
+                delivery.next_attempt_at = None
+                delivery.updated_at = self._clock()
                 await session.commit()
             except IntegrityError:
                 # Another dispatcher has an attempt in flight for this delivery.
@@ -221,7 +273,7 @@ class Dispatcher:
                     select(Delivery.status).where(Delivery.id == delivery_id)
                 )
                 return _Plan(current or st.SENDING)
-            return _Plan(st.SENDING, provider, outgoing, priority, attempt.id, number)
+            return _Plan(st.SENDING, provider, outgoing, priority, attempt_id, number)
 
     async def _check(self, session: AsyncSession, delivery: Delivery) -> str | None:
         """A final status when the delivery must not be sent now, else None."""
@@ -291,6 +343,16 @@ class Dispatcher:
             if message.content_encrypted
             else {}
         )
+        return self._outgoing_from(delivery, to, content, with_headers=with_headers)
+
+    def _outgoing_from(
+        self,
+        delivery: Delivery,
+        to: str,
+        content: Mapping[str, Any],
+        *,
+        with_headers: bool = False,
+    ) -> OutgoingMessage:
         headers: list[tuple[str, str]] = []
         if with_headers and delivery.channel == "email" and delivery.category == "marketing":
             headers += self._unsubscribe_headers(delivery, to)
@@ -375,25 +437,42 @@ class Dispatcher:
         now = self._clock()
         async with self.sessions() as session:
             delivery = await session.get(Delivery, delivery_id, with_for_update=True)
-            attempt = await session.get(Attempt, attempt_id, with_for_update=True)
-            assert delivery is not None and attempt is not None
-            attempt.finished_at = now
-            attempt.status = _attempt_status(verdict)
+            assert delivery is not None
+            values: dict[str, Any] = {"finished_at": now, "status": _attempt_status(verdict)}
             if verdict.kind == ACCEPTED:
-                attempt.provider_message_id = (
-                    attempt.provider_message_id or outcome.provider_message_id
+                # A callback that settled this attempt first keeps what it recorded (the
+                # NULLIF keeps Python's `or`: an empty value counts as none).
+                values["provider_message_id"] = func.coalesce(
+                    func.nullif(Attempt.provider_message_id, ""), outcome.provider_message_id
                 )
-                attempt.provider_status = attempt.provider_status or st.SENT
-                attempt.error_code = None
-                attempt.error_message = None
+                values["provider_status"] = func.coalesce(
+                    func.nullif(Attempt.provider_status, ""), st.SENT
+                )
+                values["error_code"] = None
+                values["error_message"] = None
             else:
-                attempt.error_code = _error_code(outcome)
-                attempt.error_message = error
+                values["error_code"] = _error_code(outcome)
+                values["error_message"] = error
             # Only the latest attempt may move the delivery, and only from our own states: a
             # provider callback that got here first (correlated by delivery id) is the truth.
-            latest = await session.scalar(
-                select(func.max(Attempt.number)).where(Attempt.delivery_id == delivery_id)
+            # The latest number is read in the same statement that updates (and so locks)
+            # the attempt, after the delivery lock above, as a separate read would be.
+            latest_number = (
+                select(func.max(Attempt.number))
+                .where(Attempt.delivery_id == delivery_id)
+                .scalar_subquery()
             )
+            row = (
+                await session.execute(
+                    update(Attempt)
+                    .where(Attempt.id == attempt_id)
+                    .values(values)
+                    .returning(latest_number)
+                    .execution_options(synchronize_session=False)
+                )
+            ).first()
+            assert row is not None
+            latest = row[0]
             current = latest == number and delivery.status in (st.SENDING, st.UNKNOWN)
             if verdict.kind == ACCEPTED and latest == number:
                 delivery.provider_message_id = (

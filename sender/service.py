@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from sqlalchemy import Column, DateTime, String, Text, Uuid, select, table
+from sqlalchemy import Column, DateTime, String, Text, Uuid, select, table, update
 from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from sender import status as st
-from sender.dispatch import Dispatcher
+from sender.dispatch import Dispatcher, FreshDelivery
 from sender.keys import derived_key, fingerprint
 from sender.models import Attempt, Delivery, Message
 from sender.schemas import (
@@ -272,7 +272,7 @@ class SendService:
         content: dict[str, Any],
         topic: str | None,
         now: dt.datetime,
-    ) -> SendAnswer | tuple[uuid.UUID, list[uuid.UUID]]:
+    ) -> SendAnswer | tuple[uuid.UUID, list[tuple[uuid.UUID, FreshDelivery | None]]]:
         message_id = uuid.uuid4()
         async with self.sessions() as session:
             inserted = await session.execute(
@@ -311,7 +311,7 @@ class SendService:
                 now=now,
             )
             safety_net = now + dt.timedelta(seconds=self.config.retry.stale_in_progress_seconds)
-            to_dispatch: list[uuid.UUID] = []
+            to_dispatch: list[tuple[uuid.UUID, FreshDelivery | None]] = []
             for r in recipients:
                 address_hash = hashes[r.address.key]
                 hit = hits.get(address_hash)
@@ -339,7 +339,10 @@ class SendService:
                 )
                 session.add(delivery)
                 if hit is None:
-                    to_dispatch.append(delivery.id)
+                    # The first dispatch reuses what this transaction just wrote and checked
+                    # instead of reading it back before the rate limiter; it still re-checks
+                    # everything (suppression included) under the row lock before the call.
+                    to_dispatch.append((delivery.id, self.dispatcher.fresh(delivery, content)))
             await session.commit()
         return message_id, to_dispatch
 
@@ -371,40 +374,53 @@ class SendService:
             return await self._finish(message.id)
         return await self._replay(session, message)
 
-    async def _dispatch_all(self, delivery_ids: Sequence[uuid.UUID]) -> None:
+    async def _dispatch_all(
+        self, deliveries: Sequence[tuple[uuid.UUID, FreshDelivery | None]]
+    ) -> None:
         # Bounded concurrency: a 100-recipient request does not wait for 100 sequential
         # provider round trips, and does not open 100 connections either.
         gate = asyncio.Semaphore(max(1, self.config.concurrency))
 
-        async def one(delivery_id: uuid.UUID) -> None:
+        async def one(delivery_id: uuid.UUID, fresh: FreshDelivery | None) -> None:
             async with gate:
                 try:
-                    await self.dispatcher.dispatch(delivery_id)
+                    await self.dispatcher.dispatch(delivery_id, fresh=fresh)
                 except Exception:
                     # Whatever state the delivery is left in, the worker or the sweeper
                     # carries on from it; the request still gets its answer.
                     log.exception("dispatch of delivery %s failed", delivery_id)
 
-        await asyncio.gather(*(one(d) for d in delivery_ids))
+        await asyncio.gather(*(one(d, fresh) for d, fresh in deliveries))
 
     async def _finish(self, message_id: uuid.UUID) -> SendAnswer:
         async with self.sessions() as session:
-            message = await session.get(Message, message_id, with_for_update=True)
-            assert message is not None
-            if message.state == "completed":
-                return await self._replay(session, message)
             deliveries = await self._deliveries(session, message_id)
             deferred = any(d.status in st.DEFERRED for d in deliveries)
             code = 202 if deferred else 201
-            message.first_answers = [
-                {"id": str(d.id), "status": d.status, "reason": d.reason} for d in deliveries
-            ]
-            message.response_code = code
-            message.state = "completed"
-            message.completed_at = utcnow()
+            # Completes the message only if nobody else did (a stale-request takeover may
+            # race the original request); the loser answers with the winner's record.
+            completed = await session.scalar(
+                update(Message)
+                .where(Message.id == message_id, Message.state != "completed")
+                .values(
+                    first_answers=[
+                        {"id": str(d.id), "status": d.status, "reason": d.reason}
+                        for d in deliveries
+                    ],
+                    response_code=code,
+                    state="completed",
+                    completed_at=utcnow(),
+                )
+                .returning(Message.id)
+                .execution_options(synchronize_session=False)
+            )
+            if completed is None:
+                message = await session.get(Message, message_id, populate_existing=True)
+                assert message is not None
+                return await self._replay(session, message)
             await session.commit()
             body = MessageCreated(
-                id=message.id,
+                id=message_id,
                 deliveries=[
                     DeliveryAnswer(id=d.id, to=self._to(d), status=d.status, reason=d.reason)
                     for d in deliveries
