@@ -109,6 +109,15 @@ class Rig:
         release.set()
         return delivery_id
 
+    async def run_worker_until_settled(self, delivery_id: uuid.UUID) -> None:
+        """Run worker rounds until the delivery leaves `unknown` (the policy was applied)."""
+
+        async def settled() -> bool:
+            await self.worker.run_once()
+            return (await delivery(self.services, delivery_id)).status != "unknown"
+
+        await _eventually(settled, "the worker applied the unknown-outcome policy")
+
     async def sweep_until_unknown(self, delivery_id: uuid.UUID) -> dt.datetime:
         """Run the worker's sweeper until the stale attempt is resolved; the settle deadline."""
 
@@ -205,11 +214,7 @@ async def test_died_mid_call_transactional_is_resent_after_the_settle_window(rig
     settle_at = await rig.sweep_until_unknown(delivery_id)
 
     # no callback arrives; the worker picks it up once the window has passed
-    async def settled() -> bool:
-        await rig.worker.run_once()
-        return (await delivery(rig.services, delivery_id)).status != "unknown"
-
-    await _eventually(settled, "the worker applied the unknown-outcome policy")
+    await rig.run_worker_until_settled(delivery_id)
 
     row = await delivery(rig.services, delivery_id)
     assert row.status == "sent" and row.next_attempt_at is None
@@ -236,11 +241,7 @@ async def test_died_mid_call_marketing_is_dead_lettered_not_resent(rig: Rig) -> 
 
     settle_at = await rig.sweep_until_unknown(delivery_id)
 
-    async def settled() -> bool:
-        await rig.worker.run_once()
-        return (await delivery(rig.services, delivery_id)).status != "unknown"
-
-    await _eventually(settled, "the worker applied the unknown-outcome policy")
+    await rig.run_worker_until_settled(delivery_id)
 
     row = await delivery(rig.services, delivery_id)
     assert row.status == "dead" and row.next_attempt_at is None
