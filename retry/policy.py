@@ -9,6 +9,7 @@ import datetime as dt
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TypeVar, cast
 
 from retry.settings import PolicyOverride, RetrySettings
@@ -103,3 +104,99 @@ def backoff_from_settings(settings: RetrySettings, channel: str, priority: str) 
     """`backoff_for` with the defaults and overrides of the retry settings."""
     defaults = Backoff(settings.base_seconds, settings.max_seconds, settings.max_attempts)
     return backoff_for(defaults, settings.policies, channel, priority)
+
+
+# -- the one retry decision ------------------------------------------------------------------
+
+
+class Failure(StrEnum):
+    """Why an attempt did not end the delivery, as far as retrying is concerned."""
+
+    # The provider refused for now (throttled, 5xx, soft bounce): back off and try again.
+    TRANSIENT = "transient"
+    # Not the recipient's fault (paused account, unverified sender): wait out the breaker's
+    # account cool-down; not held to the attempt budget, only to the deadline.
+    ACCOUNT = "account"
+    # The request went out and no answer came back: wait the settle window for a callback.
+    UNKNOWN = "unknown"
+
+
+class Action(StrEnum):
+    """What happens to the delivery next."""
+
+    RETRY = "retry"
+    PAUSE = "pause"
+    SETTLE = "settle"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of `decide`: the action, when the delivery is due again, and for `dead`
+    the dead-letter reason (`max_attempts` or `expired`)."""
+
+    action: Action
+    at: dt.datetime | None = None
+    dead_reason: str | None = None
+
+
+def decide(
+    failure: Failure,
+    *,
+    backoff: Backoff,
+    attempts_made: int,
+    now: dt.datetime,
+    expires_at: dt.datetime | None,
+    settings: RetrySettings,
+    retry_after: float | None = None,
+    rng: random.Random | None = None,
+) -> Decision:
+    """Retry, pause, settle or give up after a failed attempt: the single place that decides.
+
+    Used by the send path (after a provider call), the feedback path (a transient final
+    callback; it passes the feedback backoff and its base as `retry_after`) and, through
+    `settle_reason`, by the worker before it sends again.
+    """
+    if failure is Failure.UNKNOWN:
+        return Decision(Action.SETTLE, now + dt.timedelta(seconds=settings.unknown_settle_seconds))
+    if failure is Failure.ACCOUNT:
+        delay = max(
+            settings.defer_seconds,
+            settings.breaker_account_cooldown_seconds,
+            delay_seconds(backoff, attempts_made, rng=rng, retry_after=retry_after),
+        )
+        return Decision(Action.PAUSE, now + dt.timedelta(seconds=delay))
+    at = next_attempt_at(
+        backoff, attempts_made, now, expires_at=expires_at, rng=rng, retry_after=retry_after
+    )
+    if at is None:
+        reason = "max_attempts" if attempts_made >= backoff.max_attempts else "expired"
+        return Decision(Action.DEAD, dead_reason=reason)
+    return Decision(Action.RETRY, at)
+
+
+def settle_reason(
+    *,
+    backoff: Backoff,
+    attempts_made: int,
+    now: dt.datetime,
+    expires_at: dt.datetime | None,
+    settings: RetrySettings,
+    outcome_unknown: bool,
+    transactional: bool,
+    held_to_budget: bool,
+) -> str | None:
+    """The dead-letter reason when a due delivery must not be sent again, else None.
+
+    `outcome_unknown`: its last attempt's outcome stayed unknown through the settle window
+    (a second marketing message is billed and annoys, so by default it is not resent);
+    `held_to_budget`: False for deliveries waiting for their first call or deferred without
+    an attempt (rate limit, open circuit, account pause), which only the deadline bounds.
+    """
+    if expires_at is not None and expires_at <= now:
+        return "expired"
+    if outcome_unknown and not transactional and settings.unknown_outcome_marketing == "dead_letter":
+        return "unknown_outcome"
+    if held_to_budget and attempts_made >= backoff.max_attempts:
+        return "max_attempts"
+    return None

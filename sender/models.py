@@ -93,6 +93,9 @@ class Delivery(Base):
     next_attempt_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     last_error: Mapped[str | None] = mapped_column(Text)
     suppression_id: Mapped[uuid.UUID | None] = mapped_column()
+    # Set by the feedback path when it parks a callback that arrived while this delivery's
+    # call was in flight; the send path applies parked events only when it is set.
+    parked_feedback: Mapped[bool] = mapped_column(default=False, server_default=text("false"))
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, onupdate=utcnow

@@ -1,0 +1,967 @@
+"""The delivery log: every statement on `messages`, `deliveries` and `attempts`.
+
+This module is the tables' one owner. The send path, the retry worker (through the
+`retry.queue.DeliveryQueue` protocol that `DeliveryLog` implements), the feedback path and
+the dead-letter queue read and write the log only through the functions here; nobody else
+declares these tables or their status strings.
+
+Statements are plain SQL on an asyncpg connection (`suppression.db.pg_connection`), not ORM
+sessions: the hot paths are budgets of round trips (see DESIGN "Hot paths are budgets").
+Most operations are one statement and so atomic without BEGIN/COMMIT; functions that take a
+`conn` run inside whatever transaction the caller opened on it.
+
+The send path in round trips: the suppression check (one statement), `claim` (message,
+deliveries with their verdicts and first attempts `in_progress`, one statement, committed
+before any provider call), the provider calls, then `record` (attempts, deliveries and the
+message's completion, one statement).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sender import status as st
+from suppression.db import Pg, jsonb
+
+# -- rows -------------------------------------------------------------------------------------
+
+_D = (
+    "d.id, d.message_id, d.position, d.channel, d.recipient_hash, d.recipient_encrypted, "
+    "d.derived_key, d.status, d.reason, d.provider, d.provider_message_id, d.category, "
+    "d.topic, d.priority_rank, d.expires_at, d.attempts, d.next_attempt_at, d.last_error, "
+    "d.suppression_id, d.created_at, d.updated_at"
+)
+_A = (
+    "a.id, a.delivery_id, a.number, a.status, a.provider, a.provider_message_id, "
+    "a.provider_status, a.error_code, a.error_message, a.started_at, a.finished_at"
+)
+_M = (
+    "m.id, m.client_id, m.idempotency_key, m.fingerprint, m.state, m.channel, m.category, "
+    "m.topic, m.priority, m.expires_at, m.content_encrypted, m.metadata, m.response_code, "
+    "m.first_answers, m.created_at, m.completed_at"
+)
+_D_WIDTH = _D.count(",") + 1
+_A_WIDTH = _A.count(",") + 1
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRow:
+    """One row of `deliveries` (columns in `_D` order)."""
+
+    id: uuid.UUID
+    message_id: uuid.UUID
+    position: int
+    channel: str
+    recipient_hash: str
+    recipient_encrypted: str | None
+    derived_key: str
+    status: str
+    reason: str | None
+    provider: str | None
+    provider_message_id: str | None
+    category: str
+    topic: str | None
+    priority_rank: int
+    expires_at: dt.datetime | None
+    attempts: int
+    next_attempt_at: dt.datetime | None
+    last_error: str | None
+    suppression_id: uuid.UUID | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+    @property
+    def priority(self) -> str:
+        """The priority's name (`high`, `normal`, `low`)."""
+        return st.RANK_PRIORITY.get(self.priority_rank, "normal")
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRow:
+    """One row of `attempts` (columns in `_A` order)."""
+
+    id: uuid.UUID
+    delivery_id: uuid.UUID
+    number: int
+    status: str
+    provider: str
+    provider_message_id: str | None
+    provider_status: str | None
+    error_code: str | None
+    error_message: str | None
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRow:
+    """One row of `messages` (columns in `_M` order)."""
+
+    id: uuid.UUID
+    client_id: uuid.UUID
+    idempotency_key: str
+    fingerprint: str
+    state: str
+    channel: str
+    category: str
+    topic: str | None
+    priority: str
+    expires_at: dt.datetime | None
+    content_encrypted: str | None
+    metadata: dict[str, Any]
+    response_code: int | None
+    first_answers: list[dict[str, Any]] | None
+    created_at: dt.datetime
+    completed_at: dt.datetime | None
+
+
+def _delivery(record: Any, offset: int = 0) -> DeliveryRow:
+    return DeliveryRow(*tuple(record)[offset : offset + _D_WIDTH])
+
+
+def _attempt(record: Any, offset: int = 0) -> AttemptRow:
+    return AttemptRow(*tuple(record)[offset : offset + _A_WIDTH])
+
+
+# -- the send claim ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """The `messages` row a send request claims."""
+
+    id: uuid.UUID
+    client_id: uuid.UUID
+    idempotency_key: str
+    fingerprint: str
+    channel: str
+    category: str
+    topic: str | None
+    priority: str
+    expires_at: dt.datetime | None
+    content_encrypted: str
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class NewDelivery:
+    """A delivery of a claimed message with its verdict.
+
+    `status` is `suppressed` (with the entry), `sending` (the first attempt `attempt_id` is
+    written `in_progress` with it) or `queued` (deferred before any call: `reason` says why,
+    `next_attempt_at` when the worker takes it).
+    """
+
+    id: uuid.UUID
+    position: int
+    recipient_hash: str
+    recipient_encrypted: str
+    derived_key: str
+    status: str
+    reason: str | None = None
+    suppression_id: uuid.UUID | None = None
+    provider: str | None = None
+    attempt_id: uuid.UUID | None = None
+    next_attempt_at: dt.datetime | None = None
+
+
+_CLAIM = """
+WITH m AS (
+    INSERT INTO messages (id, client_id, idempotency_key, fingerprint, state, channel,
+        category, topic, priority, expires_at, content_encrypted, metadata, created_at)
+    VALUES ($1, $2, $3, $4, 'in_progress', $5, $6, $7, $8, $9, $10, $11, $12)
+    ON CONFLICT ON CONSTRAINT uq_messages_client_idempotency_key DO NOTHING
+    RETURNING id
+), d AS (
+    INSERT INTO deliveries (id, message_id, position, channel, recipient_hash,
+        recipient_encrypted, derived_key, status, reason, suppression_id, provider,
+        category, topic, priority_rank, expires_at, attempts, next_attempt_at,
+        created_at, updated_at)
+    SELECT u.id, m.id, u.position, $5, u.hash, u.enc, u.key, u.status, u.reason, u.sid,
+        u.provider, $6, $7, $13, $9, CASE WHEN u.aid IS NULL THEN 0 ELSE 1 END, u.next_at,
+        $12, $12
+    FROM m, unnest($14::uuid[], $15::int2[], $16::text[], $17::text[], $18::text[],
+        $19::text[], $20::text[], $21::uuid[], $22::text[], $23::uuid[], $24::timestamptz[])
+        AS u(id, position, hash, enc, key, status, reason, sid, provider, aid, next_at)
+    RETURNING id
+), a AS (
+    INSERT INTO attempts (id, delivery_id, number, status, provider, started_at)
+    SELECT u.aid, u.id, 1, 'in_progress', u.provider, $12
+    FROM m, unnest($14::uuid[], $23::uuid[], $22::text[]) AS u(id, aid, provider)
+    WHERE u.aid IS NOT NULL
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM m) + 0 * (SELECT count(*) FROM d) + 0 * (SELECT count(*) FROM a)
+"""
+
+
+async def claim(
+    conn: Pg,
+    message: NewMessage,
+    deliveries: Sequence[NewDelivery],
+    *,
+    priority_rank: int,
+    now: dt.datetime,
+) -> bool:
+    """Insert the message, its deliveries and their first attempts in one statement.
+
+    False when (client, Idempotency-Key) exists already: nothing was written.
+    """
+    claimed = await conn.fetchval(
+        _CLAIM,
+        message.id,
+        message.client_id,
+        message.idempotency_key,
+        message.fingerprint,
+        message.channel,
+        message.category,
+        message.topic,
+        message.priority,
+        message.expires_at,
+        message.content_encrypted,
+        jsonb(message.metadata),
+        now,
+        priority_rank,
+        [d.id for d in deliveries],
+        [d.position for d in deliveries],
+        [d.recipient_hash for d in deliveries],
+        [d.recipient_encrypted for d in deliveries],
+        [d.derived_key for d in deliveries],
+        [d.status for d in deliveries],
+        [d.reason for d in deliveries],
+        [d.suppression_id for d in deliveries],
+        [d.provider for d in deliveries],
+        [d.attempt_id for d in deliveries],
+        [d.next_attempt_at for d in deliveries],
+    )
+    return bool(claimed)
+
+
+async def message_by_key(conn: Pg, client_id: uuid.UUID, key: str) -> MessageRow | None:
+    """The message of an (API key, Idempotency-Key) pair."""
+    row = await conn.fetchrow(
+        f"SELECT {_M} FROM messages m WHERE m.client_id = $1 AND m.idempotency_key = $2",
+        client_id,
+        key,
+    )
+    return MessageRow(*row) if row is not None else None
+
+
+async def message(conn: Pg, message_id: uuid.UUID) -> MessageRow | None:
+    """One message by id."""
+    row = await conn.fetchrow(f"SELECT {_M} FROM messages m WHERE m.id = $1", message_id)
+    return MessageRow(*row) if row is not None else None
+
+
+async def deliveries_of(conn: Pg, message_id: uuid.UUID) -> list[DeliveryRow]:
+    """The deliveries of a message in request order."""
+    rows = await conn.fetch(
+        f"SELECT {_D} FROM deliveries d WHERE d.message_id = $1 "
+        "ORDER BY d.position, d.created_at",
+        message_id,
+    )
+    return [_delivery(r) for r in rows]
+
+
+async def attempts_of(conn: Pg, delivery_ids: Sequence[uuid.UUID]) -> list[AttemptRow]:
+    """Every attempt of these deliveries, oldest first."""
+    rows = await conn.fetch(
+        f"SELECT {_A} FROM attempts a WHERE a.delivery_id = ANY($1::uuid[]) "
+        "ORDER BY a.started_at, a.number",
+        list(delivery_ids),
+    )
+    return [_attempt(r) for r in rows]
+
+
+# -- recording outcomes -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one provider call did, and what it makes of its delivery.
+
+    The attempt always gets `attempt_status` and the provider fields (a callback that
+    settled the attempt first keeps its provider id and status). The delivery gets
+    `status`, `reason`, `last_error` (None keeps the old one) and `next_attempt_at` only
+    while this is its latest attempt and it is still in one of our own in-flight states
+    (`sending`, `unknown`): a provider callback that got there first is the truth.
+    """
+
+    attempt_id: uuid.UUID
+    delivery_id: uuid.UUID
+    number: int
+    attempt_status: str
+    provider_message_id: str | None
+    provider_status: str | None
+    error_code: str | None
+    error_message: str | None
+    status: str
+    reason: str | None
+    last_error: str | None
+    next_attempt_at: dt.datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What `record` changed and what the message's deliveries look like now."""
+
+    # Deliveries whose status this record set (the others had moved on already).
+    applied: frozenset[uuid.UUID]
+    # Deliveries that have feedback parked for them (`note_parked`), to be applied now.
+    parked: frozenset[uuid.UUID]
+    # Every delivery of the message (id, status, reason) in request order, when completing.
+    answers: list[tuple[uuid.UUID, str, str | None]]
+    # The status code stored on the message by this record; None when another request had
+    # completed it first (or no message was completed).
+    response_code: int | None
+
+
+_DEFERRED_SQL = "'" + "','".join(sorted(st.DEFERRED)) + "'"
+
+_RECORD = f"""
+WITH r AS (
+    SELECT * FROM unnest($2::uuid[], $3::uuid[], $4::int[], $5::text[], $6::text[],
+        $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[],
+        $13::timestamptz[])
+        AS r(aid, did, number, astatus, pmid, pstatus, ecode, emsg, status, reason,
+             last_error, next_at)
+), a AS (
+    UPDATE attempts x SET
+        status = r.astatus,
+        finished_at = $1,
+        provider_message_id = COALESCE(NULLIF(x.provider_message_id, ''), r.pmid),
+        provider_status = CASE WHEN r.pstatus IS NULL THEN x.provider_status
+            ELSE COALESCE(NULLIF(x.provider_status, ''), r.pstatus) END,
+        error_code = r.ecode,
+        error_message = r.emsg
+    FROM r WHERE x.id = r.aid
+    RETURNING x.id
+), d AS (
+    UPDATE deliveries x SET
+        status = r.status,
+        reason = r.reason,
+        last_error = COALESCE(r.last_error, x.last_error),
+        next_attempt_at = r.next_at,
+        provider_message_id = COALESCE(x.provider_message_id, r.pmid),
+        parked_feedback = false,
+        updated_at = $1
+    FROM r
+    WHERE x.id = r.did AND x.status IN ('sending', 'unknown')
+      AND r.number = (SELECT max(number) FROM attempts WHERE delivery_id = x.id)
+    RETURNING x.id, x.position, x.created_at, x.status, x.reason,
+        (SELECT parked_feedback FROM deliveries p WHERE p.id = x.id) AS parked
+), cur AS (
+    SELECT x.id, x.position, x.created_at,
+        COALESCE(d.status, x.status) AS status,
+        CASE WHEN d.id IS NULL THEN x.reason ELSE d.reason END AS reason
+    FROM deliveries x LEFT JOIN d ON d.id = x.id
+    WHERE x.message_id = $14
+), m AS (
+    UPDATE messages SET
+        state = 'completed',
+        completed_at = $1,
+        response_code = (SELECT CASE WHEN bool_or(status IN ({_DEFERRED_SQL}))
+            THEN 202 ELSE 201 END FROM cur),
+        first_answers = (SELECT jsonb_agg(jsonb_build_object(
+            'id', id, 'status', status, 'reason', reason) ORDER BY position, created_at)
+            FROM cur)
+    WHERE id = $14 AND state <> 'completed'
+    RETURNING response_code
+)
+SELECT 'd' AS kind, d.id, d.status, d.reason, d.parked, NULL::int AS code,
+    d.position, d.created_at FROM d
+UNION ALL
+SELECT 'c', cur.id, cur.status, cur.reason, NULL, NULL, cur.position, cur.created_at FROM cur
+UNION ALL
+SELECT 'm', NULL, NULL, NULL, NULL, m.response_code, NULL, NULL FROM m
+UNION ALL
+SELECT 'a', NULL, NULL, NULL, NULL, (SELECT count(*) FROM a)::int, NULL, NULL
+ORDER BY 1, 7, 8
+"""
+
+
+async def record(
+    conn: Pg,
+    outcomes: Sequence[Outcome],
+    *,
+    now: dt.datetime,
+    complete: uuid.UUID | None = None,
+) -> Recorded:
+    """Record provider outcomes, and complete message `complete` with the first answers.
+
+    One statement: the attempts, the deliveries (see `Outcome`), and the message's state,
+    status code (202 when any delivery is still deferred, else 201) and first answers.
+    """
+    o = outcomes
+    rows = await conn.fetch(
+        _RECORD,
+        now,
+        [x.attempt_id for x in o],
+        [x.delivery_id for x in o],
+        [x.number for x in o],
+        [x.attempt_status for x in o],
+        [x.provider_message_id for x in o],
+        [x.provider_status for x in o],
+        [x.error_code for x in o],
+        [x.error_message for x in o],
+        [x.status for x in o],
+        [x.reason for x in o],
+        [x.last_error for x in o],
+        [x.next_attempt_at for x in o],
+        complete,
+    )
+    applied: set[uuid.UUID] = set()
+    parked: set[uuid.UUID] = set()
+    answers: list[tuple[uuid.UUID, str, str | None]] = []
+    code: int | None = None
+    for row in rows:
+        kind = row["kind"]
+        if kind == "d":
+            applied.add(row["id"])
+            if row["parked"]:
+                parked.add(row["id"])
+        elif kind == "c":
+            answers.append((row["id"], row["status"], row["reason"]))
+        elif kind == "m":
+            code = row["code"]
+    return Recorded(frozenset(applied), frozenset(parked), answers, code)
+
+
+# -- the worker's dispatch --------------------------------------------------------------------
+
+
+async def for_dispatch(conn: Pg, delivery_id: uuid.UUID) -> tuple[DeliveryRow, str | None] | None:
+    """A delivery and its message's encrypted content (no lock)."""
+    row = await conn.fetchrow(
+        f"SELECT {_D}, m.content_encrypted FROM deliveries d "
+        "JOIN messages m ON m.id = d.message_id WHERE d.id = $1",
+        delivery_id,
+    )
+    if row is None:
+        return None
+    return _delivery(row), row["content_encrypted"]
+
+
+_BEGIN_ATTEMPT = """
+WITH d AS (
+    UPDATE deliveries SET status = 'sending', attempts = attempts + 1, provider = $3,
+        next_attempt_at = NULL, updated_at = $4
+    WHERE id = $1 AND status = $5 AND attempts = $6
+      AND NOT EXISTS (SELECT 1 FROM attempts WHERE delivery_id = $1 AND status = 'in_progress')
+    RETURNING id
+)
+INSERT INTO attempts (id, delivery_id, number, status, provider, started_at)
+SELECT $2, d.id,
+    (SELECT coalesce(max(number), 0) + 1 FROM attempts WHERE delivery_id = $1),
+    'in_progress', $3, $4
+FROM d
+RETURNING number
+"""
+
+
+async def begin_attempt(
+    conn: Pg,
+    delivery: DeliveryRow,
+    *,
+    attempt_id: uuid.UUID,
+    provider: str,
+    now: dt.datetime,
+) -> int | None:
+    """Write the attempt `in_progress` and the delivery `sending`, if nobody changed it.
+
+    The delivery must still have the status and attempt count it was read with, and no call
+    in flight (the partial unique index backs this up). Returns the attempt number, or None
+    when another dispatcher or a callback got there first.
+    """
+    number: int | None = await conn.fetchval(
+        _BEGIN_ATTEMPT, delivery.id, attempt_id, provider, now, delivery.status, delivery.attempts
+    )
+    return number
+
+
+async def status_of(conn: Pg, delivery_id: uuid.UUID) -> str | None:
+    """A delivery's current status."""
+    value: str | None = await conn.fetchval(
+        "SELECT status FROM deliveries WHERE id = $1", delivery_id
+    )
+    return value
+
+
+async def statuses(conn: Pg, delivery_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """Current statuses of several deliveries (missing ones are left out)."""
+    rows = await conn.fetch(
+        "SELECT id, status FROM deliveries WHERE id = ANY($1::uuid[])", list(delivery_ids)
+    )
+    return {r["id"]: r["status"] for r in rows}
+
+
+async def finish_unsent(
+    conn: Pg,
+    delivery_id: uuid.UUID,
+    *,
+    expected: str,
+    status: str,
+    reason: str | None,
+    now: dt.datetime,
+    suppression_id: uuid.UUID | None = None,
+) -> bool:
+    """Give a delivery that will not be sent a final status (suppressed, failed), if it
+    still has status `expected`; False when it changed meanwhile."""
+    done = await conn.fetchval(
+        "UPDATE deliveries SET status = $3, reason = $4, suppression_id = $5, "
+        "next_attempt_at = NULL, updated_at = $6 WHERE id = $1 AND status = $2 RETURNING 1",
+        delivery_id,
+        expected,
+        status,
+        reason,
+        suppression_id,
+        now,
+    )
+    return bool(done)
+
+
+async def defer(
+    conn: Pg, delivery_id: uuid.UUID, *, at: dt.datetime, reason: str, now: dt.datetime
+) -> str | None:
+    """Put a dispatchable delivery back as `queued` until `at` without counting an attempt.
+
+    Returns the resulting status (the current one when it was not dispatchable anymore).
+    """
+    row = await conn.fetchrow(
+        "WITH u AS (UPDATE deliveries SET status = 'queued', next_attempt_at = $2, "
+        "reason = $3, updated_at = $4 WHERE id = $1 AND status = ANY($5::text[]) "
+        "RETURNING status) "
+        "SELECT (SELECT status FROM u) AS new, (SELECT status FROM deliveries WHERE id = $1) "
+        "AS old",
+        delivery_id,
+        at,
+        reason,
+        now,
+        sorted(st.DISPATCHABLE),
+    )
+    value: str | None = row["new"] or row["old"]
+    return value
+
+
+# -- the retry queue (retry.queue.DeliveryQueue) --------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    """A delivery the worker claimed (see `retry.queue.Due`, which this satisfies)."""
+
+    id: uuid.UUID
+    token: str
+    due_at: dt.datetime
+    priority_rank: int
+    priority: str
+    channel: str
+    transactional: bool
+    expires_at: dt.datetime | None
+    attempts: int
+    outcome_unknown: bool
+    held_to_budget: bool
+
+
+_CLAIMABLE = sorted(st.DISPATCHABLE)
+
+_CLAIM_DUE = """
+WITH due AS (
+    SELECT id, status, next_attempt_at FROM deliveries
+    WHERE next_attempt_at IS NOT NULL AND next_attempt_at <= $1
+      AND status = ANY($3::text[])
+    ORDER BY priority_rank DESC, next_attempt_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE deliveries d SET next_attempt_at = NULL, updated_at = $1
+FROM due WHERE d.id = due.id
+RETURNING d.id, due.status, due.next_attempt_at, d.priority_rank, d.channel, d.category,
+    d.expires_at, d.attempts
+"""
+
+
+def _due(row: Any) -> Due:
+    status = row["status"]
+    return Due(
+        id=row["id"],
+        token=status,
+        due_at=row["next_attempt_at"],
+        priority_rank=row["priority_rank"],
+        priority=st.RANK_PRIORITY.get(row["priority_rank"], "normal"),
+        channel=row["channel"],
+        transactional=row["category"] == "transactional",
+        expires_at=row["expires_at"],
+        attempts=row["attempts"],
+        outcome_unknown=status == st.UNKNOWN,
+        # New, redriven, deferred (no token, open circuit) or paused by an account-level
+        # error: `queued`, not held to the attempt budget (only to the deadline).
+        held_to_budget=status != st.QUEUED,
+    )
+
+
+async def claim_due(conn: Pg, *, limit: int, now: dt.datetime) -> list[Due]:
+    """Take up to `limit` due deliveries off the queue (highest priority, oldest due first).
+
+    `FOR UPDATE SKIP LOCKED`: concurrent workers never claim the same row. The status stays,
+    so the dispatch still sees a dispatchable delivery.
+    """
+    rows = await conn.fetch(_CLAIM_DUE, now, limit, _CLAIMABLE)
+    return sorted((_due(r) for r in rows), key=lambda d: (-d.priority_rank, d.due_at))
+
+
+async def release(conn: Pg, items: Sequence[Due]) -> None:
+    """Put claimed, never-dispatched deliveries back exactly as they were."""
+    await conn.execute(
+        "UPDATE deliveries d SET next_attempt_at = u.due FROM unnest($1::uuid[], $2::text[], "
+        "$3::timestamptz[]) AS u(id, status, due) WHERE d.id = u.id AND d.status = u.status "
+        "AND d.next_attempt_at IS NULL",
+        [i.id for i in items],
+        [i.token for i in items],
+        [i.due_at for i in items],
+    )
+
+
+async def requeue_undispatched(
+    conn: Pg, item: Due, *, at: dt.datetime, error: str, now: dt.datetime
+) -> None:
+    """A claimed delivery whose dispatch raised before any attempt: due again at `at`."""
+    await conn.execute(
+        "UPDATE deliveries SET next_attempt_at = $3, last_error = $4, updated_at = $5 "
+        "WHERE id = $1 AND status = $2 AND next_attempt_at IS NULL",
+        item.id,
+        item.token,
+        at,
+        error,
+        now,
+    )
+
+
+async def schedule(
+    conn: Pg,
+    delivery_id: uuid.UUID,
+    *,
+    at: dt.datetime,
+    status: str = st.RETRYING,
+    reason: str | None = None,
+    last_error: str | None = None,
+    now: dt.datetime,
+) -> None:
+    """Put a delivery on the queue with `status`; the worker picks it up at `at`."""
+    await conn.execute(
+        "UPDATE deliveries SET status = $2, next_attempt_at = $3, reason = COALESCE($4, reason), "
+        "last_error = COALESCE($5, last_error), updated_at = $6 WHERE id = $1",
+        delivery_id,
+        status,
+        at,
+        reason,
+        last_error,
+        now,
+    )
+
+
+_OWN = sorted(st.DEFERRED)
+
+_SWEEP_ATTEMPTS = """
+WITH stale AS (
+    UPDATE attempts SET status = 'unknown', finished_at = $1,
+        error_message = 'no outcome recorded (process stopped during the call?)'
+    WHERE status = 'in_progress' AND started_at < $2
+    RETURNING delivery_id
+), d AS (
+    UPDATE deliveries SET status = 'unknown', next_attempt_at = $3,
+        last_error = 'outcome unknown: the attempt was left in progress', updated_at = $1
+    WHERE id IN (SELECT delivery_id FROM stale) AND status = ANY($4::text[])
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM stale) + 0 * (SELECT count(*) FROM d)
+"""
+
+_SWEEP_CLAIMS = """
+WITH untouched AS (
+    UPDATE deliveries d SET next_attempt_at = $1, updated_at = $1
+    WHERE d.status = ANY($4::text[]) AND d.next_attempt_at IS NULL AND d.updated_at < $2
+      AND NOT EXISTS (SELECT 1 FROM attempts a
+                      WHERE a.delivery_id = d.id AND a.status = 'in_progress')
+    RETURNING d.id
+), unrecorded AS (
+    UPDATE deliveries d SET status = 'unknown', next_attempt_at = $3,
+        last_error = 'outcome unknown: an attempt finished but was never recorded',
+        updated_at = $1
+    WHERE d.status = 'sending' AND d.updated_at < $2
+      AND NOT EXISTS (SELECT 1 FROM attempts a
+                      WHERE a.delivery_id = d.id AND a.status = 'in_progress')
+    RETURNING d.id
+)
+SELECT (SELECT count(*) FROM untouched), (SELECT count(*) FROM unrecorded)
+"""
+
+
+async def sweep_stale(
+    conn: Pg, *, cutoff: dt.datetime, now: dt.datetime, settle_at: dt.datetime
+) -> tuple[int, int, int]:
+    """Resolve work left half-done by a process that died (see `retry.sweeper`).
+
+    Returns (stale attempts made `unknown`, abandoned claims requeued, deliveries left
+    `sending` without a call in flight made `unknown`).
+    """
+    async with conn.transaction():
+        stale = await conn.fetchval(_SWEEP_ATTEMPTS, now, cutoff, settle_at, _OWN)
+        row = await conn.fetchrow(_SWEEP_CLAIMS, now, cutoff, settle_at, _CLAIMABLE)
+    return int(stale), int(row[0]), int(row[1])
+
+
+# -- dead letters -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Dead:
+    """A delivery just marked `dead`: what its dead-letter entry copies."""
+
+    delivery_id: uuid.UUID
+    channel: str
+    last_error: str | None
+    history: list[dict[str, Any]]
+
+
+async def mark_dead(
+    conn: Pg,
+    delivery_id: uuid.UUID,
+    *,
+    reason: str,
+    last_error: str | None,
+    now: dt.datetime,
+) -> Dead | None:
+    """Mark a delivery `dead` (off the queue) and return what its dead-letter entry keeps.
+
+    None when there is no such delivery. `last_error` None keeps the delivery's own.
+    """
+    row = await conn.fetchrow(
+        "UPDATE deliveries SET status = 'dead', reason = $2, next_attempt_at = NULL, "
+        "last_error = COALESCE($3, last_error), updated_at = $4 WHERE id = $1 "
+        "RETURNING channel, last_error",
+        delivery_id,
+        reason,
+        last_error,
+        now,
+    )
+    if row is None:
+        return None
+    history = [attempt_json(a) for a in await attempts_of(conn, [delivery_id])]
+    return Dead(delivery_id, row["channel"], row["last_error"], history)
+
+
+def attempt_json(a: AttemptRow) -> dict[str, Any]:
+    """An attempt as a JSON-ready dict (the dead-letter entry's history format)."""
+    return {
+        "number": a.number,
+        "status": a.status,
+        "provider": a.provider,
+        "provider_message_id": a.provider_message_id,
+        "provider_status": a.provider_status,
+        "error_code": a.error_code,
+        "error": a.error_message,
+        "started_at": a.started_at.isoformat() if a.started_at else None,
+        "finished_at": a.finished_at.isoformat() if a.finished_at else None,
+    }
+
+
+async def requeue_dead(
+    conn: Pg, delivery_ids: Sequence[uuid.UUID], *, now: dt.datetime
+) -> list[uuid.UUID]:
+    """Redrive: put `dead` deliveries back as `queued`, due now, with a fresh attempt
+    budget (the attempt rows stay as history). Returns the ids that were dead."""
+    rows = await conn.fetch(
+        "UPDATE deliveries SET status = 'queued', attempts = 0, next_attempt_at = $2, "
+        "reason = NULL, updated_at = $2 WHERE id = ANY($1::uuid[]) AND status = 'dead' "
+        "RETURNING id",
+        list(delivery_ids),
+        now,
+    )
+    return [r["id"] for r in rows]
+
+
+async def dead_ids(conn: Pg, delivery_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+    """Which of these deliveries are `dead` (may be redriven)."""
+    rows = await conn.fetch(
+        "SELECT id FROM deliveries WHERE id = ANY($1::uuid[]) AND status = 'dead'",
+        list(delivery_ids),
+    )
+    return {r["id"] for r in rows}
+
+
+# -- feedback ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """A delivery found for a provider event, with the attempt it is about (if known).
+
+    `attempts` is filled when the look-up went by delivery reference (every attempt, oldest
+    first); `latest_number` is the delivery's highest attempt number (None: no attempt).
+    """
+
+    delivery: DeliveryRow
+    attempt: AttemptRow | None
+    latest_number: int | None
+    attempts: tuple[AttemptRow, ...] = ()
+
+
+_BY_PMID = f"""
+SELECT {_D}, {_A}, (SELECT max(number) FROM attempts WHERE delivery_id = d.id) AS latest
+FROM attempts a JOIN deliveries d ON d.id = a.delivery_id
+WHERE a.provider_message_id = $1
+"""
+
+_DELIVERY_BY_PMID = f"""
+SELECT {_D}, (SELECT max(number) FROM attempts WHERE delivery_id = d.id) AS latest
+FROM deliveries d WHERE d.provider_message_id = $1
+"""
+
+
+async def by_provider_id(conn: Pg, pmid: str, *, lock: bool) -> Located | None:
+    """The attempt (and its delivery) with this provider message id, else a delivery that
+    recorded it. `lock`: FOR UPDATE of both rows (for applying an event)."""
+    row = await conn.fetchrow(_BY_PMID + (" FOR UPDATE OF d, a" if lock else ""), pmid)
+    if row is not None:
+        return Located(_delivery(row), _attempt(row, _D_WIDTH), row["latest"])
+    row = await conn.fetchrow(_DELIVERY_BY_PMID + (" FOR UPDATE OF d" if lock else ""), pmid)
+    if row is not None:
+        return Located(_delivery(row), None, row["latest"])
+    return None
+
+
+def _ref_args(ref: str) -> tuple[uuid.UUID | None, str]:
+    try:
+        return uuid.UUID(ref), ref[:64]
+    except ValueError:
+        return None, ref[:64]
+
+
+async def by_ref(conn: Pg, ref: str, *, lock: bool) -> Located | None:
+    """The delivery a payload's reference names (its id: Twilio `d`, the SES tag; or its
+    derived key: the SES header) with every attempt. `lock`: FOR UPDATE of all of them."""
+    delivery_id, key = _ref_args(ref)
+    suffix = " FOR UPDATE" if lock else ""
+    row = await conn.fetchrow(
+        f"SELECT {_D} FROM deliveries d WHERE d.id = $1 OR d.derived_key = $2 LIMIT 1{suffix}",
+        delivery_id,
+        key,
+    )
+    if row is None:
+        return None
+    delivery = _delivery(row)
+    rows = await conn.fetch(
+        f"SELECT {_A} FROM attempts a WHERE a.delivery_id = $1 ORDER BY a.number{suffix}",
+        delivery.id,
+    )
+    attempts = tuple(_attempt(r) for r in rows)
+    latest = attempts[-1].number if attempts else None
+    return Located(delivery, attempts[-1] if attempts else None, latest, attempts)
+
+
+async def settle_attempt(
+    conn: Pg, attempt_id: uuid.UUID, delivery_id: uuid.UUID, pmid: str
+) -> None:
+    """A callback carrying our key proved an `unknown` attempt went out: `accepted` with the
+    provider's id (also on the delivery when it has none yet)."""
+    await conn.execute(
+        "WITH a AS (UPDATE attempts SET status = 'accepted', provider_message_id = $3 "
+        "WHERE id = $1 RETURNING 1) "
+        "UPDATE deliveries SET provider_message_id = COALESCE(provider_message_id, $3) "
+        "WHERE id = $2",
+        attempt_id,
+        delivery_id,
+        pmid,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Advance:
+    """What an applied provider event changes (see `apply_feedback`)."""
+
+    delivery_id: uuid.UUID
+    attempt_id: uuid.UUID | None = None
+    # The attempt's provider-side state and, for failures, its error code.
+    attempt_state: str | None = None
+    error_code: str | None = None
+    # The delivery's new status (None: unchanged) with reason and last error.
+    status: str | None = None
+    reason: str | None = None
+    set_reason: bool = False
+    last_error: str | None = None
+    # Due again at this time (retry), or taken off the queue (`unschedule`).
+    next_attempt_at: dt.datetime | None = None
+    unschedule: bool = False
+
+
+_APPLY = """
+WITH a AS (
+    UPDATE attempts SET provider_status = $3, error_code = COALESCE($4, error_code)
+    WHERE id = $2 RETURNING 1
+)
+UPDATE deliveries SET
+    status = COALESCE($5, status),
+    reason = CASE WHEN $6 THEN $7 ELSE reason END,
+    last_error = COALESCE($8, last_error),
+    next_attempt_at = CASE WHEN $9::timestamptz IS NOT NULL THEN $9
+        WHEN $10 THEN NULL ELSE next_attempt_at END,
+    updated_at = $11
+WHERE id = $1 AND ($5::text IS NOT NULL OR $9::timestamptz IS NOT NULL OR $10)
+"""
+
+
+async def apply_feedback(conn: Pg, change: Advance, *, now: dt.datetime) -> None:
+    """Apply the state change of a provider event to its attempt and delivery (one
+    statement). The caller holds the row locks (`by_provider_id`/`by_ref` with `lock`)."""
+    await conn.execute(
+        _APPLY,
+        change.delivery_id,
+        change.attempt_id,
+        change.attempt_state,
+        change.error_code,
+        change.status,
+        change.set_reason,
+        change.reason,
+        change.last_error,
+        change.next_attempt_at,
+        change.unschedule,
+        now,
+    )
+
+
+async def note_parked(conn: Pg, delivery_id: uuid.UUID) -> None:
+    """Feedback for this delivery was parked while its call was in flight: the send path's
+    `record` reports it so the parked events are applied right after (no look-up otherwise)."""
+    await conn.execute("UPDATE deliveries SET parked_feedback = true WHERE id = $1", delivery_id)
+
+
+async def known_provider_ids(conn: Pg, pmids: Sequence[str]) -> set[str]:
+    """Which of these provider message ids an attempt or a delivery has recorded."""
+    rows = await conn.fetch(
+        "SELECT provider_message_id FROM attempts WHERE provider_message_id = ANY($1::text[]) "
+        "UNION SELECT provider_message_id FROM deliveries "
+        "WHERE provider_message_id = ANY($1::text[])",
+        list(pmids),
+    )
+    return {r[0] for r in rows}
+
+
+async def without_call_in_flight(conn: Pg, delivery_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+    """Which of these deliveries have no attempt `in_progress`."""
+    rows = await conn.fetch(
+        "SELECT d.id FROM unnest($1::uuid[]) AS d(id) WHERE NOT EXISTS ("
+        "SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.status = 'in_progress')",
+        list(delivery_ids),
+    )
+    return {r[0] for r in rows}
+
+
+def content_of(plaintext: str | None) -> dict[str, Any]:
+    """A message's content from its decrypted JSON (empty when there is none)."""
+    return json.loads(plaintext) if plaintext else {}
