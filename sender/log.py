@@ -261,8 +261,7 @@ async def message(conn: Pg, message_id: uuid.UUID) -> MessageRow | None:
 async def deliveries_of(conn: Pg, message_id: uuid.UUID) -> list[DeliveryRow]:
     """The deliveries of a message in request order."""
     rows = await conn.fetch(
-        f"SELECT {_D} FROM deliveries d WHERE d.message_id = $1 "
-        "ORDER BY d.position, d.created_at",
+        f"SELECT {_D} FROM deliveries d WHERE d.message_id = $1 ORDER BY d.position, d.created_at",
         message_id,
     )
     return [_delivery(r) for r in rows]
