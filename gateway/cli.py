@@ -214,7 +214,7 @@ def cmd_suppressions(args: argparse.Namespace) -> int:
         print(f"gateway: {exc}", file=sys.stderr)
         return 1
     services = services_for(prepare(settings))
-    context = services.extra["suppression"]
+    context = services.suppression
     actor = _cli_actor()
 
     async def run() -> int:
@@ -405,6 +405,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
             if args.action == "list":
                 await commands.list_entries(
                     services.sessions,
+                    services.delivery_queue,
                     filters,
                     limit=args.limit,
                     as_json=args.json,
@@ -413,19 +414,36 @@ def cmd_dlq(args: argparse.Namespace) -> int:
                 )
             elif args.action == "show":
                 assert entry_id is not None
-                await commands.show_entry(services.sessions, entry_id, out=sys.stdout)
+                await commands.show_entry(
+                    services.sessions, services.delivery_queue, entry_id, out=sys.stdout
+                )
             elif args.action == "redrive" and entry_id is not None:
                 await commands.redrive_one(
-                    services.sessions, entry_id, actor=actor, note=args.note, err=sys.stderr
+                    services.sessions,
+                    services.delivery_queue,
+                    entry_id,
+                    actor=actor,
+                    note=args.note,
+                    err=sys.stderr,
                 )
             elif args.action == "redrive":
                 await commands.redrive_many(
-                    services.sessions, filters, actor=actor, note=args.note, err=sys.stderr
+                    services.sessions,
+                    services.delivery_queue,
+                    filters,
+                    actor=actor,
+                    note=args.note,
+                    err=sys.stderr,
                 )
             else:
                 assert entry_id is not None
                 await commands.discard_entry(
-                    services.sessions, entry_id, actor=actor, reason=args.reason, err=sys.stderr
+                    services.sessions,
+                    services.delivery_queue,
+                    entry_id,
+                    actor=actor,
+                    reason=args.reason,
+                    err=sys.stderr,
                 )
             return 0
         except commands.CommandError as exc:

@@ -11,14 +11,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from litestar import Request
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.db import create_engine, session_factory
 from gateway.settings import Settings
-from retry.breaker import breaker_readiness, build_breaker
-from retry.ratelimit import build_limiter
+from retry.breaker import CircuitBreaker, breaker_readiness, build_breaker
+from retry.queue import DeliveryQueue
+from retry.ratelimit import RateLimiter, build_limiter
+from retry.worker import Dispatch
+from sender import log as delivery_log
 from sender.dispatch import Dispatcher, SenderConfig
 from sender.providers.base import Provider
 from sender.providers.sandbox import FeedbackRunner, SandboxEmailProvider, SandboxSmsProvider
@@ -29,6 +33,7 @@ from suppression.api import SuppressionContext
 from suppression.crypto import AddressProtector
 from webhooks.api import readiness as webhooks_readiness
 from webhooks.certs import CertificateStore
+from webhooks.history import events_for_deliveries
 from webhooks.ingest import FeedbackIngestor
 from webhooks.sns import SnsVerifier
 from webhooks.twilio_signature import TwilioVerifier
@@ -40,19 +45,36 @@ ReadinessCheck = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
 
 @dataclass
 class Services:
-    """Everything the app and the worker share; built once per process."""
+    """Everything the app and the worker share; built once per process, every field wired
+    by `build_services` (a missing wire fails there, at start, not at the first request)."""
 
     settings: Settings
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
     protector: AddressProtector
-    redis: Redis | None = None
+    redis: Redis | None
+    limiter: RateLimiter
+    breaker: CircuitBreaker
+    cert_store: CertificateStore
+    sns_verifier: SnsVerifier
+    twilio_verifier: TwilioVerifier
+    ingestor: FeedbackIngestor
+    sender: SendService
+    sandbox_feedback: FeedbackRunner
+    suppression: SuppressionContext
+    # The delivery log's operations for the retry package (`sender.log` implements them).
+    delivery_queue: DeliveryQueue
+    # httpx transport for SNS SubscribeURL confirmations (tests inject one); None = network.
+    sns_confirm_transport: httpx.AsyncBaseTransport | None = None
     # name -> check returning (ready, details); /readyz runs them all.
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)
     # Coroutines to run when the process shuts down.
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
-    # Per-package services, keyed by package name (filled by build_services).
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dispatch(self) -> Dispatch:
+        """The send path's dispatch of one delivery (handed to the retry worker)."""
+        return self.sender.dispatcher.dispatch
 
     async def close(self) -> None:
         """Release every resource (closers first, then Redis and the engine)."""
@@ -70,67 +92,83 @@ def build_services(settings: Settings, database_url: str) -> Services:
     """Wire the concrete adapters for `settings` (secrets must already be resolved)."""
     engine = create_engine(database_url)
     redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
-    services = Services(
-        settings=settings,
-        engine=engine,
-        sessions=session_factory(engine),
-        protector=AddressProtector(settings.hash_key, settings.secret_keys),
-        redis=redis,
-    )
+    sessions = session_factory(engine)
+    protector = AddressProtector(settings.hash_key, settings.secret_keys)
     # retry: rate limiter and circuit breaker, shared through Redis when configured.
-    services.extra["limiter"] = build_limiter(
-        settings.retry, redis=redis, prefix=settings.redis_prefix
-    )
+    limiter = build_limiter(settings.retry, redis=redis, prefix=settings.redis_prefix)
     breaker = build_breaker(settings.retry, redis=redis, prefix=settings.redis_prefix)
-    services.extra["breaker"] = breaker
-    # The sandbox adapters use the real providers' names, so these two cover every setup.
-    services.readiness["breaker"] = breaker_readiness(breaker, ("ses", "twilio"))
     # webhooks: signature verification. The SNS certificate cache is shared through Redis
     # when configured; empty allow-list / no token means the verifier refuses everything.
     cert_store = CertificateStore(redis=redis, redis_prefix=settings.redis_prefix)
-    services.extra["cert_store"] = cert_store
-    services.extra["sns_verifier"] = SnsVerifier(
-        allowed_topic_arns=settings.sns_topic_arns,
-        certs=cert_store,
-        max_age_seconds=settings.sns_max_age_seconds,
-    )
-    services.extra["twilio_verifier"] = TwilioVerifier(
-        auth_tokens=settings.twilio_auth_tokens,
-        subaccount_tokens=settings.twilio_subaccount_tokens,
-    )
+
+    async def account_problem(provider: str, rule: str) -> None:
+        # Feedback reported an account-level problem: tell the provider's circuit breaker.
+        await breaker.record_failure(provider, account_level=True)
+
     # webhooks: feedback processing (the endpoints and the sandbox providers' callbacks).
-    services.extra["ingestor"] = FeedbackIngestor(
-        services.sessions,
-        services.protector,
+    ingestor = FeedbackIngestor(
+        sessions,
+        protector,
         settings.webhooks,
         retry=settings.retry,
         default_region=settings.default_region,
-        on_account_problem=_account_problem(services),
+        on_account_problem=account_problem,
     )
-    services.readiness["webhooks"] = webhooks_readiness(services.extra)
-    # sender: provider adapters (sandbox by default), the dispatcher and the send API. The
-    # retry worker gets `dispatch`; the sandbox's feedback runner gets the webhooks' ingestor.
-    send_service, feedback_runner = _build_sender(settings, services)
-    services.extra["sender"] = send_service
-    services.extra["dispatch"] = send_service.dispatcher.dispatch
-    services.extra["sandbox_feedback"] = feedback_runner
+    # sender: provider adapters (sandbox by default), the dispatcher and the send API; the
+    # sandbox's feedback runner gets the webhooks' ingestor.
+    runner = FeedbackRunner(ingestor, delay=settings.sandbox_feedback_delay_seconds)
+    dispatcher = Dispatcher(
+        engine=engine,
+        protector=protector,
+        providers=_providers(settings, runner),
+        config=_sender_config(settings),
+        limiter=limiter,
+        breaker=breaker,
+        on_parked=ingestor.apply_parked_for_delivery,
+        on_unknown_outcome=ingestor.apply_parked_for_delivery,
+    )
+    send_service = SendService(dispatcher, sessions, events_of=events_for_deliveries)
+    services = Services(
+        settings=settings,
+        engine=engine,
+        sessions=sessions,
+        protector=protector,
+        redis=redis,
+        limiter=limiter,
+        breaker=breaker,
+        cert_store=cert_store,
+        sns_verifier=SnsVerifier(
+            allowed_topic_arns=settings.sns_topic_arns,
+            certs=cert_store,
+            max_age_seconds=settings.sns_max_age_seconds,
+        ),
+        twilio_verifier=TwilioVerifier(
+            auth_tokens=settings.twilio_auth_tokens,
+            subaccount_tokens=settings.twilio_subaccount_tokens,
+        ),
+        ingestor=ingestor,
+        sender=send_service,
+        sandbox_feedback=runner,
+        # suppression: what its routes need (protector, sessions for streaming, naming).
+        suppression=SuppressionContext(
+            protector=protector,
+            sessions=sessions,
+            default_region=settings.default_region,
+            actor_of=_actor_of,
+        ),
+        delivery_queue=delivery_log,
+    )
+    # The sandbox adapters use the real providers' names, so these two cover every setup.
+    services.readiness["breaker"] = breaker_readiness(breaker, ("ses", "twilio"))
+    services.readiness["webhooks"] = webhooks_readiness(
+        {"sns_verifier": services.sns_verifier, "twilio_verifier": services.twilio_verifier}
+    )
     services.closers.append(send_service.close)
-    # suppression: what its routes need (protector, sessions for streaming, caller naming).
-    services.extra["suppression"] = SuppressionContext(
-        protector=services.protector,
-        sessions=services.sessions,
-        default_region=settings.default_region,
-        actor_of=_actor_of,
-    )
     return services
 
 
-def _build_sender(settings: Settings, services: Services) -> tuple[SendService, FeedbackRunner]:
-    """The send side: one adapter per channel, the dispatcher and the send service."""
-    # The webhooks' ingestor (when built) receives the sandbox's simulated callbacks and is
-    # told when a send recorded a provider id / an unknown outcome (parked callbacks).
-    ingestor = services.extra.get("ingestor")
-    runner = FeedbackRunner(ingestor, delay=settings.sandbox_feedback_delay_seconds)
+def _providers(settings: Settings, runner: FeedbackRunner) -> dict[str, Provider]:
+    """One send adapter per channel: the sandbox unless a real provider is configured."""
     connect = settings.provider_connect_timeout_seconds
     read = settings.provider_read_timeout_seconds
     email: Provider
@@ -164,7 +202,11 @@ def _build_sender(settings: Settings, services: Services) -> tuple[SendService, 
             sms_from=settings.sms_from,
             messaging_service_sid=settings.twilio_messaging_service_sid,
         )
-    config = SenderConfig(
+    return {"email": email, "sms": sms}
+
+
+def _sender_config(settings: Settings) -> SenderConfig:
+    return SenderConfig(
         public_url=settings.public_url,
         default_region=settings.default_region,
         email_from=settings.email_from,
@@ -174,28 +216,6 @@ def _build_sender(settings: Settings, services: Services) -> tuple[SendService, 
         concurrency=settings.send_concurrency,
         unsubscribe_mailto=settings.unsubscribe_mailto,
     )
-    dispatcher = Dispatcher(
-        sessions=services.sessions,
-        protector=services.protector,
-        providers={"email": email, "sms": sms},
-        config=config,
-        limiter=services.extra.get("limiter"),
-        breaker=services.extra.get("breaker"),
-        on_provider_id=ingestor.apply_parked if ingestor else None,
-        on_unknown_outcome=ingestor.apply_parked_for_delivery if ingestor else None,
-    )
-    return SendService(dispatcher), runner
-
-
-def _account_problem(services: Services) -> Callable[[str, str], Awaitable[None]]:
-    """Feedback reported an account-level problem: tell the provider's circuit breaker."""
-
-    async def flag(provider: str, rule: str) -> None:
-        breaker = services.extra.get("breaker")
-        if breaker is not None:
-            await breaker.record_failure(provider, account_level=True)
-
-    return flag
 
 
 def _actor_of(request: Request[Any, Any, Any]) -> str:

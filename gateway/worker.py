@@ -1,8 +1,9 @@
 """Background work of a gateway process: the retry worker and the stale-attempt sweeper.
 
 The `retry` package owns the worker loop (`retry.worker.Worker`); this module only hands it
-its adapters: the sessions, the settings and the send path's dispatch function (wired by
-`gateway.services` as `services.extra["dispatch"]`), so `retry` never imports `sender`.
+its adapters: the engine, the delivery log's queue operations, the settings and the send
+path's dispatch function (all typed fields of `gateway.services.Services`), so `retry` never
+imports `sender`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 from gateway.services import Services
 from gateway.settings import Settings
-from retry.worker import Dispatch, Worker
+from retry.worker import Worker
 
 log = logging.getLogger("gateway")
 
@@ -28,27 +29,23 @@ def background_tasks(
         yield run_worker
 
 
-def build_worker(services: Services) -> Worker | None:
-    """The retry worker for these services, or None when no dispatch is wired."""
-    dispatch: Dispatch | None = services.extra.get("dispatch")
-    if dispatch is None:
-        return None
-    ingestor = services.extra.get("ingestor")
+def build_worker(services: Services) -> Worker:
+    """The retry worker for these services."""
     # Parked callbacks whose send has since recorded its provider id are applied here too,
     # in case the send path's own hook missed them (e.g. the process died in between).
-    maintenance = [ingestor.sweep_parked] if ingestor is not None else []
-    return Worker(services.sessions, dispatch, services.settings.retry, maintenance=maintenance)
+    return Worker(
+        services.engine,
+        services.delivery_queue,
+        services.dispatch,
+        services.settings.retry,
+        maintenance=[services.ingestor.sweep_parked],
+    )
 
 
 async def run_worker(services: Services) -> None:
     """Run the retry worker (and its sweeper) until cancelled; cancelling stops it gracefully:
     claimed deliveries not yet dispatched go back on the queue, calls under way may finish."""
-    worker = build_worker(services)
-    if worker is None:
-        log.error("retry worker not started: no dispatch function is wired")
-        await asyncio.Event().wait()  # stay alive (and cancellable) like a running worker
-        return
-    await worker.run()
+    await build_worker(services).run()
 
 
 async def run_worker_until_signalled(services: Services) -> None:

@@ -22,6 +22,7 @@ from litestar.params import Parameter, QueryParameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from retry import dlq
+from retry.queue import DeliveryQueue
 
 EntryState = Literal["open", "redriven", "discarded", "all"]
 
@@ -136,6 +137,7 @@ class DeadLetterController(Controller):
     async def list_entries(
         self,
         db_session: AsyncSession,
+        delivery_queue: DeliveryQueue,
         reason: str | None = None,
         channel: str | None = None,
         since: dt.datetime | None = None,
@@ -147,16 +149,20 @@ class DeadLetterController(Controller):
         """Entries newest first. `state` defaults to `open` (unresolved)."""
         f = dlq.DeadLetterFilter(reason, channel, _aware(since), _aware(until), entry_state)
         try:
-            entries, next_cursor = await dlq.list_entries(db_session, f, limit=limit, cursor=cursor)
+            entries, next_cursor = await dlq.list_entries(
+                db_session, delivery_queue, f, limit=limit, cursor=cursor
+            )
         except dlq.BadCursor:
             raise ClientException("The cursor is not valid.") from None
         return DeadLetterPage([entry_view(e) for e in entries], next_cursor)
 
     @get("/{entry_id:uuid}", summary="Show a dead-letter entry with its attempt history")
-    async def show(self, entry_id: uuid.UUID, db_session: AsyncSession) -> DeadLetterDetail:
+    async def show(
+        self, entry_id: uuid.UUID, db_session: AsyncSession, delivery_queue: DeliveryQueue
+    ) -> DeadLetterDetail:
         """One entry; 404 when there is none."""
         try:
-            return entry_detail(await dlq.get_entry(db_session, entry_id))
+            return entry_detail(await dlq.get_entry(db_session, delivery_queue, entry_id))
         except dlq.DeadLetterNotFound:
             raise NotFoundException(f"No dead-letter entry {entry_id}.") from None
 
@@ -166,13 +172,18 @@ class DeadLetterController(Controller):
         entry_id: uuid.UUID,
         request: Request[Any, Any, Any],
         db_session: AsyncSession,
+        delivery_queue: DeliveryQueue,
         data: RedriveRequest | None = None,
     ) -> DeadLetterDetail:
         """Queue the delivery again with a fresh attempt budget; 409 when the entry is
         resolved already or its delivery is no longer dead."""
         async with _resolving(db_session, entry_id):
             entry = await dlq.redrive(
-                db_session, entry_id, actor=_actor(request), note=data.note if data else None
+                db_session,
+                delivery_queue,
+                entry_id,
+                actor=_actor(request),
+                note=data.note if data else None,
             )
         return entry_detail(entry)
 
@@ -181,6 +192,7 @@ class DeadLetterController(Controller):
         self,
         request: Request[Any, Any, Any],
         db_session: AsyncSession,
+        delivery_queue: DeliveryQueue,
         data: BulkRedriveRequest | None = None,
     ) -> BulkRedriveResult:
         """Redrive open entries (whose delivery is still dead) by reason, channel and time;
@@ -189,7 +201,9 @@ class DeadLetterController(Controller):
         f = dlq.DeadLetterFilter(data.reason, data.channel, _aware(data.since), _aware(data.until))
         total = 0
         while True:
-            n = await dlq.redrive_batch(db_session, f, actor=_actor(request), note=data.note)
+            n = await dlq.redrive_batch(
+                db_session, delivery_queue, f, actor=_actor(request), note=data.note
+            )
             await db_session.commit()
             if n == 0:
                 return BulkRedriveResult(total)
@@ -201,13 +215,16 @@ class DeadLetterController(Controller):
         entry_id: uuid.UUID,
         request: Request[Any, Any, Any],
         db_session: AsyncSession,
+        delivery_queue: DeliveryQueue,
         reason: Annotated[str, Parameter(min_length=1, max_length=1000)],
     ) -> DeadLetterDetail:
         """Resolve the entry as discarded with a required `reason`; the delivery stays dead."""
         if not reason.strip():
             raise ClientException("A reason is required.")
         async with _resolving(db_session, entry_id):
-            entry = await dlq.discard(db_session, entry_id, actor=_actor(request), reason=reason)
+            entry = await dlq.discard(
+                db_session, delivery_queue, entry_id, actor=_actor(request), reason=reason
+            )
         return entry_detail(entry)
 
 

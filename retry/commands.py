@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from retry import dlq
 from retry.api import entry_detail, entry_view
+from retry.queue import DeliveryQueue
 from suppression.progress import ProgressBar
 
 
@@ -28,6 +29,7 @@ def _jsonable(value: Any) -> Any:
 
 async def list_entries(
     sessions: async_sessionmaker[AsyncSession],
+    queue: DeliveryQueue,
     f: dlq.DeadLetterFilter,
     *,
     limit: int,
@@ -41,7 +43,7 @@ async def list_entries(
     async with sessions() as session:
         while printed < limit:
             page, cursor = await dlq.list_entries(
-                session, f, limit=min(500, limit - printed), cursor=cursor
+                session, queue, f, limit=min(500, limit - printed), cursor=cursor
             )
             for entry in page:
                 view = entry_view(entry)
@@ -72,12 +74,16 @@ async def list_entries(
 
 
 async def show_entry(
-    sessions: async_sessionmaker[AsyncSession], entry_id: uuid.UUID, *, out: TextIO
+    sessions: async_sessionmaker[AsyncSession],
+    queue: DeliveryQueue,
+    entry_id: uuid.UUID,
+    *,
+    out: TextIO,
 ) -> None:
     """Print one entry with its attempt history as a JSON document."""
     async with sessions() as session:
         try:
-            entry = await dlq.get_entry(session, entry_id)
+            entry = await dlq.get_entry(session, queue, entry_id)
         except dlq.DeadLetterNotFound:
             raise CommandError(f"no dead-letter entry {entry_id}") from None
     out.write(json.dumps(_jsonable(entry_detail(entry)), indent=2) + "\n")
@@ -85,6 +91,7 @@ async def show_entry(
 
 async def redrive_one(
     sessions: async_sessionmaker[AsyncSession],
+    queue: DeliveryQueue,
     entry_id: uuid.UUID,
     *,
     actor: str,
@@ -94,7 +101,7 @@ async def redrive_one(
     """Redrive one entry (fresh attempt budget; suppression is checked again on dispatch)."""
     async with sessions() as session:
         try:
-            entry = await dlq.redrive(session, entry_id, actor=actor, note=note)
+            entry = await dlq.redrive(session, queue, entry_id, actor=actor, note=note)
         except dlq.DeadLetterNotFound:
             raise CommandError(f"no dead-letter entry {entry_id}") from None
         except dlq.DeadLetterConflict as exc:
@@ -105,6 +112,7 @@ async def redrive_one(
 
 async def redrive_many(
     sessions: async_sessionmaker[AsyncSession],
+    queue: DeliveryQueue,
     f: dlq.DeadLetterFilter,
     *,
     actor: str,
@@ -114,11 +122,11 @@ async def redrive_many(
 ) -> int:
     """Redrive every open entry matching `f`, in committed batches, with a progress bar."""
     async with sessions() as session:
-        total = await dlq.count_redrivable(session, f)
+        total = await dlq.count_redrivable(session, queue, f)
         bar = ProgressBar("redrive", total, stream=err)
         done = 0
         while True:
-            n = await dlq.redrive_batch(session, f, actor=actor, note=note, batch=batch)
+            n = await dlq.redrive_batch(session, queue, f, actor=actor, note=note, batch=batch)
             await session.commit()
             if n == 0:
                 break
@@ -132,6 +140,7 @@ async def redrive_many(
 
 async def discard_entry(
     sessions: async_sessionmaker[AsyncSession],
+    queue: DeliveryQueue,
     entry_id: uuid.UUID,
     *,
     actor: str,
@@ -141,7 +150,7 @@ async def discard_entry(
     """Discard one entry with a reason (kept as history; the delivery stays dead)."""
     async with sessions() as session:
         try:
-            await dlq.discard(session, entry_id, actor=actor, reason=reason)
+            await dlq.discard(session, queue, entry_id, actor=actor, reason=reason)
         except dlq.DeadLetterNotFound:
             raise CommandError(f"no dead-letter entry {entry_id}") from None
         except dlq.DeadLetterConflict as exc:

@@ -1,8 +1,10 @@
 """The dead-letter queue: deliveries that ran out of attempts or time, for an operator.
 
-`dead_letter` is what the send path and the worker call; the rest is the operator's side
-(list, show, redrive, discard) used by the API and the CLI. Entries are never deleted:
-discarding or redriving one resolves it and keeps it as history. Callers commit.
+`file_entry` is what the delivery log's `dead_letter` calls (the log marks the delivery
+dead; this package owns the entry); the rest is the operator's side (list, show, redrive,
+discard) used by the API and the CLI, which reach the deliveries through the
+`DeliveryQueue` they are handed. Entries are never deleted: discarding or redriving one
+resolves it and keeps it as history. Callers commit.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, tuple_, update
+from sqlalchemy import select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from retry.models import DeadLetter
-from retry.queue import attempts, deliveries
-from suppression.db import utcnow
+from retry.queue import DeliveryQueue
+from suppression.db import Pg, jsonb, pg_of, utcnow
 
 # Reasons written by this package; the send path may use others (e.g. "rejected").
 REASONS = ("max_attempts", "expired", "unknown_outcome")
@@ -57,87 +59,34 @@ class Entry:
     delivery_status: str | None
 
 
-async def dead_letter(
-    session: AsyncSession,
-    delivery_id: uuid.UUID,
+async def file_entry(
+    conn: Pg,
     *,
+    delivery_id: uuid.UUID,
+    channel: str,
     reason: str,
     last_error: str | None,
+    history: list[dict[str, Any]],
+    now: dt.datetime,
 ) -> uuid.UUID:
-    """Mark the delivery `dead` and file a dead-letter entry with its attempt history.
+    """File a dead-letter entry for a delivery the log just marked dead (one INSERT).
 
-    Sets the delivery's status, reason and (when given) last error and takes it off the
-    queue; the entry copies the channel, the last error (the delivery's when none is given)
-    and every attempt so far. Returns the entry id. The caller commits.
+    The delivery log's `dead_letter` calls this with what it copied from the delivery and its
+    attempts; the caller's transaction covers both.
     """
-    values: dict[str, Any] = {
-        "status": "dead",
-        "reason": reason,
-        "next_attempt_at": None,
-        "updated_at": utcnow(),
-    }
-    if last_error is not None:
-        values["last_error"] = last_error
-    row = (
-        await session.execute(
-            update(deliveries)
-            .where(deliveries.c.id == delivery_id)
-            .values(**values)
-            .returning(deliveries.c.channel, deliveries.c.last_error)
-        )
-    ).first()
-    if row is None:
-        raise DeadLetterNotFound(f"no delivery {delivery_id}")
-    history = await attempt_history(session, delivery_id)
-    entry = DeadLetter(
-        id=uuid.uuid4(),
-        delivery_id=delivery_id,
-        channel=row.channel,
-        reason=reason,
-        last_error=last_error if last_error is not None else row.last_error,
-        attempt_history=history,
-        created_at=utcnow(),
+    entry_id = uuid.uuid4()
+    await conn.execute(
+        "INSERT INTO dead_letters (id, delivery_id, channel, reason, last_error, "
+        "attempt_history, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        entry_id,
+        delivery_id,
+        channel,
+        reason,
+        last_error,
+        jsonb(history),
+        now,
     )
-    session.add(entry)
-    await session.flush()
-    return entry.id
-
-
-async def attempt_history(session: AsyncSession, delivery_id: uuid.UUID) -> list[dict[str, Any]]:
-    """Every provider attempt of a delivery, oldest first, as JSON-ready dicts."""
-    rows = await session.execute(
-        select(
-            attempts.c.number,
-            attempts.c.status,
-            attempts.c.provider,
-            attempts.c.provider_message_id,
-            attempts.c.provider_status,
-            attempts.c.error_code,
-            attempts.c.error_message,
-            attempts.c.started_at,
-            attempts.c.finished_at,
-        )
-        .where(attempts.c.delivery_id == delivery_id)
-        .order_by(attempts.c.started_at, attempts.c.number)
-    )
-    return [
-        {
-            "number": r.number,
-            "status": r.status,
-            "provider": r.provider,
-            "provider_message_id": r.provider_message_id,
-            "provider_status": r.provider_status,
-            "error_code": r.error_code,
-            "error": r.error_message,
-            "started_at": _iso(r.started_at),
-            "finished_at": _iso(r.finished_at),
-        }
-        for r in rows
-    ]
-
-
-def _iso(value: dt.datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
+    return entry_id
 
 
 def _conditions(f: DeadLetterFilter) -> list[Any]:
@@ -194,6 +143,7 @@ def decode_cursor(cursor: str) -> tuple[dt.datetime, uuid.UUID]:
 
 async def list_entries(
     session: AsyncSession,
+    queue: DeliveryQueue,
     f: DeadLetterFilter,
     *,
     limit: int = 50,
@@ -201,8 +151,7 @@ async def list_entries(
 ) -> tuple[list[Entry], str | None]:
     """A page of entries, newest first, and the cursor of the next page (None at the end)."""
     query = (
-        select(DeadLetter, deliveries.c.status)
-        .join(deliveries, deliveries.c.id == DeadLetter.delivery_id, isouter=True)
+        select(DeadLetter)
         .where(*_conditions(f))
         .order_by(DeadLetter.created_at.desc(), DeadLetter.id.desc())
         .limit(limit + 1)
@@ -210,8 +159,9 @@ async def list_entries(
     if cursor:
         at, ident = decode_cursor(cursor)
         query = query.where(tuple_(DeadLetter.created_at, DeadLetter.id) < tuple_(at, ident))
-    rows = (await session.execute(query)).all()
-    entries = [Entry(r[0], r[1]) for r in rows[:limit]]
+    rows = list((await session.scalars(query)).all())
+    found = await queue.statuses(await pg_of(session), [r.delivery_id for r in rows[:limit]])
+    entries = [Entry(r, found.get(r.delivery_id)) for r in rows[:limit]]
     next_cursor = None
     if len(rows) > limit:
         last = entries[-1].row
@@ -219,18 +169,13 @@ async def list_entries(
     return entries, next_cursor
 
 
-async def get_entry(session: AsyncSession, entry_id: uuid.UUID) -> Entry:
+async def get_entry(session: AsyncSession, queue: DeliveryQueue, entry_id: uuid.UUID) -> Entry:
     """One entry with its delivery's current status; `DeadLetterNotFound` if there is none."""
-    row = (
-        await session.execute(
-            select(DeadLetter, deliveries.c.status)
-            .join(deliveries, deliveries.c.id == DeadLetter.delivery_id, isouter=True)
-            .where(DeadLetter.id == entry_id)
-        )
-    ).first()
+    row = await session.get(DeadLetter, entry_id)
     if row is None:
         raise DeadLetterNotFound(f"no dead-letter entry {entry_id}")
-    return Entry(row[0], row[1])
+    found = await queue.statuses(await pg_of(session), [row.delivery_id])
+    return Entry(row, found.get(row.delivery_id))
 
 
 async def _lock_open(session: AsyncSession, entry_id: uuid.UUID) -> DeadLetter:
@@ -244,18 +189,9 @@ async def _lock_open(session: AsyncSession, entry_id: uuid.UUID) -> DeadLetter:
     return entry
 
 
-async def _requeue(session: AsyncSession, delivery_ids: list[uuid.UUID], now: dt.datetime) -> None:
-    # A fresh attempt budget; the attempt rows stay as history. The dispatch checks the
-    # suppression list again before any provider call.
-    await session.execute(
-        update(deliveries)
-        .where(deliveries.c.id.in_(delivery_ids), deliveries.c.status == "dead")
-        .values(status="queued", attempts=0, next_attempt_at=now, reason=None, updated_at=now)
-    )
-
-
 async def redrive(
     session: AsyncSession,
+    queue: DeliveryQueue,
     entry_id: uuid.UUID,
     *,
     actor: str,
@@ -269,17 +205,18 @@ async def redrive(
     """
     now = now or utcnow()
     entry = await _lock_open(session, entry_id)
-    status = await session.scalar(
-        select(deliveries.c.status).where(deliveries.c.id == entry.delivery_id).with_for_update()
-    )
-    if status != "dead":
+    conn = await pg_of(session)
+    # A fresh attempt budget; the attempt rows stay as history. The dispatch checks the
+    # suppression list again before any provider call.
+    if not await queue.requeue_dead(conn, [entry.delivery_id], now=now):
+        status = (await queue.statuses(conn, [entry.delivery_id])).get(entry.delivery_id)
         raise DeadLetterConflict(
             f"delivery {entry.delivery_id} is no longer dead (status {status}); not redriven"
         )
-    await _requeue(session, [entry.delivery_id], now)
     _resolve(entry, "redriven", note, actor, now)
     await session.flush()
-    return Entry(entry, "queued")
+    entry_status = (await queue.statuses(conn, [entry.delivery_id])).get(entry.delivery_id)
+    return Entry(entry, entry_status)
 
 
 def _resolve(
@@ -293,6 +230,7 @@ def _resolve(
 
 async def redrive_batch(
     session: AsyncSession,
+    queue: DeliveryQueue,
     f: DeadLetterFilter,
     *,
     actor: str,
@@ -307,41 +245,54 @@ async def redrive_batch(
     """
     now = now or utcnow()
     conds = [*_conditions(DeadLetterFilter(f.reason, f.channel, f.since, f.until, "open"))]
-    picked = (
-        await session.execute(
-            select(DeadLetter.id, DeadLetter.delivery_id)
-            .join(deliveries, deliveries.c.id == DeadLetter.delivery_id)
-            .where(*conds, deliveries.c.status == "dead")
+    conn = await pg_of(session)
+    after: tuple[dt.datetime, uuid.UUID] | None = None
+    while True:
+        # Entries whose delivery is no longer dead (a late callback showed it went out) stay
+        # open and are skipped; page on until a batch of redrivable ones is found.
+        query = (
+            select(DeadLetter.id, DeadLetter.delivery_id, DeadLetter.created_at)
+            .where(*conds)
             .order_by(DeadLetter.created_at, DeadLetter.id)
             .limit(batch)
-            .with_for_update(of=DeadLetter, skip_locked=True)
+            .with_for_update(skip_locked=True)
         )
-    ).all()
-    if not picked:
-        return 0
-    await _requeue(session, [p.delivery_id for p in picked], now)
-    await session.execute(
-        update(DeadLetter)
-        .where(DeadLetter.id.in_([p.id for p in picked]))
-        .values(resolution="redriven", resolution_reason=note, resolved_by=actor, resolved_at=now)
-    )
-    return len(picked)
+        if after is not None:
+            query = query.where(tuple_(DeadLetter.created_at, DeadLetter.id) > tuple_(*after))
+        picked = (await session.execute(query)).all()
+        if not picked:
+            return 0
+        requeued = set(await queue.requeue_dead(conn, [p.delivery_id for p in picked], now=now))
+        done = [p.id for p in picked if p.delivery_id in requeued]
+        if done:
+            await session.execute(
+                update(DeadLetter)
+                .where(DeadLetter.id.in_(done))
+                .values(
+                    resolution="redriven",
+                    resolution_reason=note,
+                    resolved_by=actor,
+                    resolved_at=now,
+                )
+            )
+            return len(done)
+        after = (picked[-1].created_at, picked[-1].id)
 
 
-async def count_redrivable(session: AsyncSession, f: DeadLetterFilter) -> int:
+async def count_redrivable(session: AsyncSession, queue: DeliveryQueue, f: DeadLetterFilter) -> int:
     """How many open entries matching `f` a bulk redrive would take."""
     conds = _conditions(DeadLetterFilter(f.reason, f.channel, f.since, f.until, "open"))
-    count = await session.scalar(
-        select(func.count())
-        .select_from(DeadLetter)
-        .join(deliveries, deliveries.c.id == DeadLetter.delivery_id)
-        .where(*conds, deliveries.c.status == "dead")
-    )
-    return int(count or 0)
+    ids = list((await session.scalars(select(DeadLetter.delivery_id).where(*conds))).all())
+    total = 0
+    conn = await pg_of(session)
+    for start in range(0, len(ids), 10_000):
+        total += len(await queue.dead_ids(conn, ids[start : start + 10_000]))
+    return total
 
 
 async def discard(
     session: AsyncSession,
+    queue: DeliveryQueue,
     entry_id: uuid.UUID,
     *,
     actor: str,
@@ -355,10 +306,8 @@ async def discard(
     entry = await _lock_open(session, entry_id)
     _resolve(entry, "discarded", reason.strip(), actor, now)
     await session.flush()
-    status = await session.scalar(
-        select(deliveries.c.status).where(deliveries.c.id == entry.delivery_id)
-    )
-    return Entry(entry, status)
+    found = await queue.statuses(await pg_of(session), [entry.delivery_id])
+    return Entry(entry, found.get(entry.delivery_id))
 
 
 __all__ = [
@@ -369,12 +318,11 @@ __all__ = [
     "DeadLetterFilter",
     "DeadLetterNotFound",
     "Entry",
-    "attempt_history",
     "count_redrivable",
-    "dead_letter",
     "decode_cursor",
     "discard",
     "encode_cursor",
+    "file_entry",
     "get_entry",
     "list_entries",
     "redrive",

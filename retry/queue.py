@@ -1,106 +1,98 @@
-"""The retry queue's contract with the delivery log.
+"""What the retry package needs of the delivery log, declared as protocols.
 
-`retry` never imports `sender`; what it needs of the `deliveries` table is only its
-scheduling columns, declared here as a lightweight table clause: the contract between the
-two packages. Scheduling a delivery = setting its `status` and `next_attempt_at`; the worker
-claims rows whose `next_attempt_at` is due, served by the partial index `ix_deliveries_due`.
+`retry` never imports `sender`: the delivery log (`sender.log`, the one owner of
+`messages`/`deliveries`/`attempts`) implements `DeliveryQueue`, and the composition root
+hands it to the worker, the sweeper and the dead-letter queue. Every operation takes an
+asyncpg connection (`suppression.db.pg_connection`/`pg_of`) so callers choose the
+transaction. Statuses stay the log's business: a claimed delivery tells the worker what it
+needs as booleans, and `token` is an opaque value handed back when releasing it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
-from sqlalchemy import (
-    Column,
-    DateTime,
-    Integer,
-    SmallInteger,
-    String,
-    Text,
-    Uuid,
-    column,
-    table,
-    update,
-)
-from sqlalchemy.ext.asyncio import AsyncSession
-
-from suppression.db import utcnow
-
-deliveries = table(
-    "deliveries",
-    Column("id", Uuid),
-    Column("channel", String),
-    Column("status", String),
-    Column("category", String),
-    Column("priority_rank", SmallInteger),
-    Column("expires_at", DateTime(timezone=True)),
-    Column("attempts", Integer),
-    Column("next_attempt_at", DateTime(timezone=True)),
-    Column("last_error", Text),
-    Column("reason", Text),
-    Column("updated_at", DateTime(timezone=True)),
-    Column("created_at", DateTime(timezone=True)),
-)
-
-# The provider-call history of a delivery (owned by `sender`): the dead-letter queue copies it
-# and the sweeper resolves rows left `in_progress` by a process that died mid-call.
-attempts = table(
-    "attempts",
-    Column("id", Uuid),
-    Column("delivery_id", Uuid),
-    Column("number", Integer),
-    Column("status", String),
-    Column("provider", String),
-    Column("provider_message_id", Text),
-    Column("provider_status", String),
-    Column("error_code", String),
-    Column("error_message", Text),
-    Column("started_at", DateTime(timezone=True)),
-    Column("finished_at", DateTime(timezone=True)),
-)
-
-# Statuses the worker claims when due: new (queued), backing off (retrying) and those whose
-# outcome stayed unknown until their settle window ended.
-CLAIMABLE_STATUSES = ("queued", "retrying", "unknown")
-# The gateway's own pre-provider states; a provider callback always wins over them.
-GATEWAY_STATES = ("queued", "sending", "unknown", "retrying", "dead")
-PRIORITY_RANKS = {"high": 2, "normal": 1, "low": 0}
-PRIORITY_NAMES = {rank: name for name, rank in PRIORITY_RANKS.items()}
-
-__all__ = [
-    "CLAIMABLE_STATUSES",
-    "GATEWAY_STATES",
-    "PRIORITY_NAMES",
-    "PRIORITY_RANKS",
-    "attempts",
-    "column",
-    "deliveries",
-    "schedule",
-    "unschedule",
-]
+from suppression.db import Pg
 
 
-async def schedule(
-    session: AsyncSession,
-    delivery_id: uuid.UUID,
-    *,
-    at: dt.datetime,
-    status: str = "retrying",
-    reason: str | None = None,
-    last_error: str | None = None,
-) -> None:
-    """Put a delivery on the queue: the worker picks it up at `at`."""
-    values: dict[str, object] = {"status": status, "next_attempt_at": at, "updated_at": utcnow()}
-    if reason is not None:
-        values["reason"] = reason
-    if last_error is not None:
-        values["last_error"] = last_error
-    await session.execute(update(deliveries).where(deliveries.c.id == delivery_id).values(**values))
+class Due(Protocol):
+    """A delivery the worker claimed (taken off the queue)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def token(self) -> str: ...
+    @property
+    def due_at(self) -> dt.datetime: ...
+    @property
+    def priority_rank(self) -> int: ...
+    @property
+    def priority(self) -> str: ...
+    @property
+    def channel(self) -> str: ...
+    @property
+    def transactional(self) -> bool: ...
+    @property
+    def expires_at(self) -> dt.datetime | None: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def outcome_unknown(self) -> bool: ...
+    @property
+    def held_to_budget(self) -> bool: ...
 
 
-async def unschedule(session: AsyncSession, delivery_id: uuid.UUID) -> None:
-    """Take a delivery off the queue (e.g. a late provider callback showed it was sent)."""
-    await session.execute(
-        update(deliveries).where(deliveries.c.id == delivery_id).values(next_attempt_at=None)
-    )
+class DeliveryQueue(Protocol):
+    """The delivery log's operations that the retry package uses."""
+
+    async def claim_due(self, conn: Pg, *, limit: int, now: dt.datetime) -> Sequence[Due]:
+        """Take up to `limit` due deliveries off the queue (SKIP LOCKED), priority first."""
+        ...
+
+    async def release(self, conn: Pg, items: Sequence[Due]) -> None:
+        """Put claimed, never-dispatched deliveries back exactly as they were."""
+        ...
+
+    async def requeue_undispatched(
+        self, conn: Pg, item: Due, *, at: dt.datetime, error: str, now: dt.datetime
+    ) -> None:
+        """A claimed delivery whose dispatch failed before any attempt: due again at `at`."""
+        ...
+
+    async def sweep_stale(
+        self, conn: Pg, *, cutoff: dt.datetime, now: dt.datetime, settle_at: dt.datetime
+    ) -> tuple[int, int, int]:
+        """Resolve stale in-progress attempts and abandoned claims; counts of each kind."""
+        ...
+
+    async def dead_letter(
+        self,
+        conn: Pg,
+        delivery_id: uuid.UUID,
+        *,
+        reason: str,
+        last_error: str | None,
+        now: dt.datetime,
+    ) -> uuid.UUID | None:
+        """Mark the delivery dead and file its dead-letter entry."""
+        ...
+
+    async def statuses(self, conn: Pg, delivery_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, str]:
+        """Current statuses of deliveries (for showing dead-letter entries)."""
+        ...
+
+    async def dead_ids(self, conn: Pg, delivery_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        """Which of these deliveries are dead (and so may be redriven)."""
+        ...
+
+    async def requeue_dead(
+        self, conn: Pg, delivery_ids: Sequence[uuid.UUID], *, now: dt.datetime
+    ) -> list[uuid.UUID]:
+        """Redrive dead deliveries: queued, due now, fresh attempt budget."""
+        ...
+
+
+__all__ = ["DeliveryQueue", "Due"]

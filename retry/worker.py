@@ -33,17 +33,14 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from sqlalchemy import Row, bindparam, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from retry.dlq import dead_letter
-from retry.policy import backoff_from_settings
-from retry.queue import CLAIMABLE_STATUSES, PRIORITY_NAMES, deliveries
+from retry.policy import backoff_from_settings, settle_reason
+from retry.queue import DeliveryQueue, Due
 from retry.settings import RetrySettings
 from retry.sweeper import sweep_stale
-from suppression.db import utcnow
+from suppression.db import pg_connection, utcnow
 
 log = logging.getLogger("retry.worker")
 
@@ -52,17 +49,6 @@ Clock = Callable[[], dt.datetime]
 
 # How long a cancelled worker lets provider calls already under way finish and record.
 SHUTDOWN_GRACE_SECONDS = 10.0
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """A delivery this worker claimed and will dispatch."""
-
-    id: uuid.UUID
-    previous_status: str
-    due_at: dt.datetime
-    priority_rank: int
-    claimed_at: dt.datetime
 
 
 @dataclass
@@ -79,14 +65,16 @@ class Worker:
 
     def __init__(
         self,
-        sessions: async_sessionmaker[AsyncSession],
+        engine: AsyncEngine,
+        queue: DeliveryQueue,
         dispatch: Dispatch,
         settings: RetrySettings,
         *,
         clock: Clock = utcnow,
         maintenance: Sequence[Callable[[], Awaitable[int]]] = (),
     ) -> None:
-        self._sessions = sessions
+        self._engine = engine
+        self._queue = queue
         self._dispatch = dispatch
         self._settings = settings
         self._clock = clock
@@ -117,7 +105,8 @@ class Worker:
         """Resolve stale in-progress attempts and abandoned claims (see `retry.sweeper`),
         then run the maintenance jobs; returns how many rows all of them handled."""
         handled = await sweep_stale(
-            self._sessions,
+            self._engine,
+            self._queue,
             older_than_seconds=self._settings.stale_in_progress_seconds,
             now=self._clock(),
             settle_seconds=self._settings.unknown_settle_seconds,
@@ -148,79 +137,39 @@ class Worker:
             if result.claimed < s.worker_batch:
                 await asyncio.sleep(s.worker_poll_seconds)
 
-    async def _claim(self, limit: int) -> tuple[list[Claimed], RoundResult]:
+    async def _claim(self, limit: int) -> tuple[list[Due], RoundResult]:
         now = self._clock()
-        d = deliveries
-        due = (
-            select(
-                d.c.id,
-                d.c.status.label("previous_status"),
-                d.c.next_attempt_at.label("due_at"),
-            )
-            .where(
-                d.c.next_attempt_at.is_not(None),
-                d.c.next_attempt_at <= now,
-                d.c.status.in_(CLAIMABLE_STATUSES),
-            )
-            .order_by(d.c.priority_rank.desc(), d.c.next_attempt_at)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-            .cte("due")
-        )
-        claim = (
-            update(d)
-            .where(d.c.id == due.c.id)
-            .values(next_attempt_at=None, updated_at=now)
-            .returning(
-                d.c.id,
-                due.c.previous_status,
-                due.c.due_at,
-                d.c.channel,
-                d.c.category,
-                d.c.priority_rank,
-                d.c.expires_at,
-                d.c.attempts,
-            )
-        )
         result = RoundResult()
-        to_send: list[Claimed] = []
-        async with self._sessions() as session, session.begin():
-            rows = (await session.execute(claim)).all()
-            result.claimed = len(rows)
-            for row in rows:
-                reason = self._settle_reason(row, now)
+        to_send: list[Due] = []
+        async with pg_connection(self._engine) as conn, conn.transaction():
+            claimed = await self._queue.claim_due(conn, limit=limit, now=now)
+            result.claimed = len(claimed)
+            for item in claimed:
+                reason = self._settle_reason(item, now)
                 if reason is not None:
-                    await dead_letter(session, row.id, reason=reason, last_error=None)
-                    result.dead_lettered += 1
-                    log.info("delivery %s dead-lettered before retry: %s", row.id, reason)
-                else:
-                    to_send.append(
-                        Claimed(row.id, row.previous_status, row.due_at, row.priority_rank, now)
+                    await self._queue.dead_letter(
+                        conn, item.id, reason=reason, last_error=None, now=now
                     )
-        to_send.sort(key=lambda c: (-c.priority_rank, c.due_at))
+                    result.dead_lettered += 1
+                    log.info("delivery %s dead-lettered before retry: %s", item.id, reason)
+                else:
+                    to_send.append(item)
         return to_send, result
 
-    def _settle_reason(self, row: Row[Any], now: dt.datetime) -> str | None:
-        if row.expires_at is not None and row.expires_at <= now:
-            return "expired"
-        if (
-            row.previous_status == "unknown"
-            and row.category != "transactional"
-            and self._settings.unknown_outcome_marketing == "dead_letter"
-        ):
-            # A second marketing message is billed and annoys; an unknown one is not resent.
-            return "unknown_outcome"
-        if row.previous_status == "queued":
-            # New, redriven, deferred (no token, open circuit) or paused by an account-level
-            # error: not held to the attempt budget.
-            return None
-        priority = PRIORITY_NAMES.get(row.priority_rank, "normal")
-        backoff = backoff_from_settings(self._settings, row.channel, priority)
-        if row.attempts >= backoff.max_attempts:
-            return "max_attempts"
-        return None
+    def _settle_reason(self, item: Due, now: dt.datetime) -> str | None:
+        backoff = backoff_from_settings(self._settings, item.channel, item.priority)
+        return settle_reason(
+            backoff=backoff,
+            attempts_made=item.attempts,
+            now=now,
+            expires_at=item.expires_at,
+            settings=self._settings,
+            outcome_unknown=item.outcome_unknown,
+            transactional=item.transactional,
+            held_to_budget=item.held_to_budget,
+        )
 
-    async def _dispatch_all(self, claimed: list[Claimed]) -> None:
+    async def _dispatch_all(self, claimed: list[Due]) -> None:
         limit = asyncio.Semaphore(self._settings.worker_concurrency)
         tasks: set[asyncio.Task[None]] = set()
         started = 0
@@ -236,7 +185,7 @@ class Worker:
             await asyncio.shield(self._shutdown(claimed[started:], tasks))
             raise
 
-    async def _shutdown(self, not_started: list[Claimed], tasks: set[asyncio.Task[None]]) -> None:
+    async def _shutdown(self, not_started: list[Due], tasks: set[asyncio.Task[None]]) -> None:
         # Rows claimed but not dispatched go back exactly as they were; calls under way may
         # finish and record their outcome (else the sweeper resolves them later).
         if not_started:
@@ -252,21 +201,11 @@ class Worker:
             len(running),
         )
 
-    async def _release(self, items: list[Claimed]) -> None:
-        stmt = (
-            update(deliveries)
-            .where(
-                deliveries.c.id == bindparam("b_id"),
-                deliveries.c.status == bindparam("b_status"),
-                deliveries.c.next_attempt_at.is_(None),
-            )
-            .values(next_attempt_at=bindparam("b_due"))
-        )
-        params = [{"b_id": c.id, "b_status": c.previous_status, "b_due": c.due_at} for c in items]
-        async with self._sessions() as session, session.begin():
-            await session.execute(stmt, params)
+    async def _release(self, items: list[Due]) -> None:
+        async with pg_connection(self._engine) as conn:
+            await self._queue.release(conn, items)
 
-    async def _dispatch_one(self, item: Claimed, limit: asyncio.Semaphore) -> None:
+    async def _dispatch_one(self, item: Due, limit: asyncio.Semaphore) -> None:
         try:
             status = await self._dispatch(item.id)
             log.debug("delivery %s dispatched: %s", item.id, status)
@@ -277,28 +216,17 @@ class Worker:
         finally:
             limit.release()
 
-    async def _recover(self, item: Claimed, exc: Exception) -> None:
+    async def _recover(self, item: Due, exc: Exception) -> None:
         # The dispatch raised. If it never started a provider attempt (the delivery is still
         # claimed: same status, off the queue), nothing went out: requeue it after the
         # deferral delay, without counting an attempt. If it did, the attempt is in progress
         # or recorded, and the sweeper resolves whatever is left.
         now = self._clock()
-        d = deliveries
         at = now + dt.timedelta(seconds=self._settings.defer_seconds)
-        async with self._sessions() as session, session.begin():
-            await session.execute(
-                update(d)
-                .where(
-                    d.c.id == item.id,
-                    d.c.status == item.previous_status,
-                    d.c.next_attempt_at.is_(None),
-                )
-                .values(
-                    next_attempt_at=at,
-                    last_error=f"dispatch error: {type(exc).__name__}",
-                    updated_at=now,
-                )
+        async with pg_connection(self._engine) as conn:
+            await self._queue.requeue_undispatched(
+                conn, item, at=at, error=f"dispatch error: {type(exc).__name__}", now=now
             )
 
 
-__all__ = ["Claimed", "Dispatch", "RoundResult", "Worker"]
+__all__ = ["Dispatch", "RoundResult", "Worker"]

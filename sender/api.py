@@ -26,8 +26,8 @@ class _Principal(Protocol):
 
 
 def provide_send_service(state: State) -> SendService:
-    """The process's `SendService`, wired by the composition root into `services.extra`."""
-    service: SendService = state.services.extra["sender"]
+    """The process's `SendService`, wired by the composition root (`services.sender`)."""
+    service: SendService = state.services.sender
     return service
 
 

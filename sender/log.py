@@ -25,6 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from retry import dlq
+from retry.queue import Due
 from sender import status as st
 from suppression.db import Pg, jsonb
 
@@ -551,8 +553,8 @@ async def defer(
 
 
 @dataclass(frozen=True, slots=True)
-class Due:
-    """A delivery the worker claimed (see `retry.queue.Due`, which this satisfies)."""
+class DueDelivery:
+    """A delivery the worker claimed (satisfies `retry.queue.Due`)."""
 
     id: uuid.UUID
     token: str
@@ -585,9 +587,9 @@ RETURNING d.id, due.status, due.next_attempt_at, d.priority_rank, d.channel, d.c
 """
 
 
-def _due(row: Any) -> Due:
+def _due(row: Any) -> DueDelivery:
     status = row["status"]
-    return Due(
+    return DueDelivery(
         id=row["id"],
         token=status,
         due_at=row["next_attempt_at"],
@@ -604,7 +606,7 @@ def _due(row: Any) -> Due:
     )
 
 
-async def claim_due(conn: Pg, *, limit: int, now: dt.datetime) -> list[Due]:
+async def claim_due(conn: Pg, *, limit: int, now: dt.datetime) -> list[DueDelivery]:
     """Take up to `limit` due deliveries off the queue (highest priority, oldest due first).
 
     `FOR UPDATE SKIP LOCKED`: concurrent workers never claim the same row. The status stays,
@@ -662,6 +664,11 @@ async def schedule(
         last_error,
         now,
     )
+
+
+async def unschedule(conn: Pg, delivery_id: uuid.UUID) -> None:
+    """Take a delivery off the queue (a late provider callback showed it was sent)."""
+    await conn.execute("UPDATE deliveries SET next_attempt_at = NULL WHERE id = $1", delivery_id)
 
 
 _OWN = sorted(st.DEFERRED)
@@ -964,3 +971,30 @@ async def without_call_in_flight(conn: Pg, delivery_ids: Sequence[uuid.UUID]) ->
 def content_of(plaintext: str | None) -> dict[str, Any]:
     """A message's content from its decrypted JSON (empty when there is none)."""
     return json.loads(plaintext) if plaintext else {}
+
+
+async def dead_letter(
+    conn: Pg,
+    delivery_id: uuid.UUID,
+    *,
+    reason: str,
+    last_error: str | None,
+    now: dt.datetime,
+) -> uuid.UUID | None:
+    """Mark the delivery `dead` and file its dead-letter entry (with the attempt history).
+
+    Two statements; run it inside the caller's transaction when it goes with other changes.
+    Returns the entry id, None when there is no such delivery.
+    """
+    dead = await mark_dead(conn, delivery_id, reason=reason, last_error=last_error, now=now)
+    if dead is None:
+        return None
+    return await dlq.file_entry(
+        conn,
+        delivery_id=delivery_id,
+        channel=dead.channel,
+        reason=reason,
+        last_error=dead.last_error,
+        history=dead.history,
+        now=now,
+    )

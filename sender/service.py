@@ -1,42 +1,47 @@
-"""The send service: validate, claim idempotently, create deliveries, dispatch, answer.
+"""The send service: validate, check, claim idempotently, call the providers, answer.
 
-Flow of `POST /v1/messages` (DESIGN flow 1):
+Flow of `POST /v1/messages` (DESIGN flow 1), in round trips to PostgreSQL:
 
 1. Validate and normalize every recipient; any invalid one -> 422 naming it, nothing stored.
-2. Claim the message: INSERT ... ON CONFLICT DO NOTHING on (client, Idempotency-Key). A
-   conflict is a duplicate: different body fingerprint -> 422; first request still in
-   flight -> 409; completed -> the stored answer with its original status code, nothing
-   sent. In the same short transaction: one delivery per recipient (derived key, encrypted
-   recipient), the suppressed ones marked `suppressed` at once.
-3. Dispatch the others through `Dispatcher.dispatch` (the retry worker's path too), at most
-   `concurrency` at a time, each with its own short transactions around the provider call.
-4. Record the first answers (no addresses) and the status code on the message: 201 when
-   every delivery has a final answer for its first attempt, 202 when any was deferred.
+2. One statement: the suppression verdicts of all recipients (`suppression.check_many`).
+3. The breaker and rate limiter for each unsuppressed recipient (in process or Redis).
+4. One statement, the claim (`sender.log.claim`): the message (INSERT ... ON CONFLICT DO
+   NOTHING on (client, Idempotency-Key)), one delivery per recipient with its verdict
+   (`suppressed`, `queued` when deferred by step 3, else `sending`) and the first attempt of
+   each sending one written `in_progress`. A conflict is a duplicate: different body
+   fingerprint -> 422; first request still in flight -> 409; completed -> the stored answer
+   with its original status code, nothing sent.
+5. The provider calls, at most `concurrency` at a time, no transaction or connection held.
+6. One statement (`Dispatcher.finish` -> `sender.log.record`): every attempt's outcome, the
+   deliveries' new states, and the message completed with the first answers (no
+   addresses) and its status code: 201 when every delivery has a final answer for its
+   first attempt, 202 when any was deferred.
 
-Deliveries are created with a safety-net `next_attempt_at` (the stale window): if this
-process dies before dispatching them, the retry worker picks them up.
+If this process dies after 4, the sweeper finds the `in_progress` attempts (unknown
+outcome) and the worker takes the deferred deliveries when due.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import msgspec
-from sqlalchemy import Column, DateTime, String, Text, Uuid, select, table, update
-from sqlalchemy.dialects.postgresql import JSONB, insert
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from sender import log as dlog
 from sender import status as st
-from sender.dispatch import Dispatcher, FreshDelivery
+from sender.dispatch import Call, Dispatcher
 from sender.keys import derived_key, fingerprint
-from sender.models import Attempt, Delivery, Message
 from sender.schemas import (
     MAX_METADATA_KEY,
     MAX_METADATA_KEYS,
@@ -51,27 +56,16 @@ from sender.schemas import (
     SuppressionView,
 )
 from suppression import service as suppression
-from suppression.db import utcnow
+from suppression.db import Pg, pg_connection, pg_of, utcnow
 from suppression.models import Suppression
 from suppression.normalize import Address, InvalidAddress, normalize, normalize_email
 
 log = logging.getLogger("gateway.sender")
 
-# The webhooks package owns `provider_events`; the send side only reads it, through this
-# lightweight table clause (sender never imports webhooks).
-provider_events = table(
-    "provider_events",
-    Column("id", Uuid),
-    Column("provider", String),
-    Column("provider_event_id", Text),
-    Column("event_type", String),
-    Column("provider_message_id", Text),
-    Column("delivery_id", Uuid),
-    Column("disposition", String),
-    Column("details", JSONB),
-    Column("occurred_at", DateTime(timezone=True)),
-    Column("received_at", DateTime(timezone=True)),
-)
+# Reads the provider events recorded for deliveries (the webhooks package owns them; the
+# composition root hands this in): rows with id, delivery_id, provider, provider_event_id,
+# event_type, provider_message_id, disposition, details, occurred_at, received_at.
+EventsOf = Callable[[Pg, Sequence[uuid.UUID]], Awaitable[Sequence[Mapping[str, Any]]]]
 
 
 @dataclass
@@ -101,13 +95,20 @@ class _Recipient:
 
 
 class SendService:
-    """The send API's service: one instance per process (in `services.extra["sender"]`)."""
+    """The send API's service: one instance per process (`services.sender`)."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        sessions: async_sessionmaker[AsyncSession],
+        *,
+        events_of: EventsOf | None = None,
+    ) -> None:
         self.dispatcher = dispatcher
-        self.sessions = dispatcher.sessions
+        self.sessions = sessions
         self.protector = dispatcher.protector
         self.config = dispatcher.config
+        self.events_of = events_of
 
     # -- POST /v1/messages ------------------------------------------------------------------
 
@@ -125,21 +126,116 @@ class SendService:
         content = self._content(request)
         request = self._check_rest(request, now)
         topic = request.topic or ("marketing" if request.category == "marketing" else None)
-        answer_or_ids = await self._claim(
+        channel = request.channel
+        protector = self.protector
+        message = dlog.NewMessage(
+            id=uuid.uuid4(),
             client_id=client_id,
             idempotency_key=idempotency_key,
-            request=request,
             fingerprint=fingerprint(raw_body),
-            recipients=recipients,
-            content=content,
+            channel=channel,
+            category=request.category,
             topic=topic,
-            now=now,
+            priority=request.priority,
+            expires_at=request.expires_at,
+            content_encrypted=protector.encrypt(json.dumps(content)),
+            metadata=request.metadata or {},
         )
-        if isinstance(answer_or_ids, SendAnswer):
-            return answer_or_ids
-        message_id, to_dispatch = answer_or_ids
-        await self._dispatch_all(to_dispatch)
-        return await self._finish(message_id)
+        hashes = [protector.hash(channel, r.address.key) for r in recipients]
+        provider = self.dispatcher.providers.get(channel)
+        defer_at = now + dt.timedelta(seconds=self.config.retry.defer_seconds)
+        safety_net = now + dt.timedelta(seconds=self.config.retry.stale_in_progress_seconds)
+        async with pg_connection(self.dispatcher.engine) as conn:
+            hits = await suppression.check_many(
+                conn, channel, hashes, category=request.category, topic=topic, now=now
+            )
+            news: list[dlog.NewDelivery] = []
+            calls: list[Call] = []
+            for r, address_hash in zip(recipients, hashes, strict=True):
+                delivery_id = uuid.uuid4()
+                key = derived_key(protector, client_id, idempotency_key, channel, r.address.key)
+                new = partial(
+                    dlog.NewDelivery,
+                    id=delivery_id,
+                    position=r.position,
+                    recipient_hash=address_hash,
+                    recipient_encrypted=protector.encrypt(r.address.display),
+                    derived_key=key,
+                )
+                hit = hits.get(address_hash)
+                if hit is not None:
+                    news.append(new(status=st.SUPPRESSED, reason=hit.reason, suppression_id=hit.id))
+                    continue
+                if provider is None:
+                    # Nothing can send it here; the worker reports it when due.
+                    news.append(new(status=st.QUEUED, next_attempt_at=safety_net))
+                    continue
+                outgoing = self.dispatcher.outgoing(
+                    delivery_id=delivery_id,
+                    derived_key=key,
+                    channel=channel,
+                    category=request.category,
+                    topic=topic,
+                    to=r.address.display,
+                    content=content,
+                )
+                deferred = await self.dispatcher.gate(provider, outgoing, request.priority)
+                if deferred is not None:
+                    news.append(new(status=st.QUEUED, reason=deferred, next_attempt_at=defer_at))
+                    continue
+                attempt_id = uuid.uuid4()
+                news.append(new(status=st.SENDING, provider=provider.name, attempt_id=attempt_id))
+                calls.append(
+                    Call(
+                        delivery_id=delivery_id,
+                        attempt_id=attempt_id,
+                        number=1,
+                        provider=provider,
+                        message=outgoing,
+                        priority=request.priority,
+                        attempts=1,
+                        expires_at=request.expires_at,
+                    )
+                )
+            claimed = await dlog.claim(
+                conn,
+                message,
+                news,
+                priority_rank=st.PRIORITY_RANK[request.priority],
+                now=now,
+            )
+            if not claimed:
+                return await self._duplicate(conn, client_id, idempotency_key, message.fingerprint)
+        recorded = await self.dispatcher.finish(await self._call_all(calls), complete=message.id)
+        if recorded.response_code is None:
+            # Another request completed it first (a stale-request takeover): its record wins.
+            async with pg_connection(self.dispatcher.engine) as conn:
+                stored = await dlog.message(conn, message.id)
+                assert stored is not None
+                return await self._replay(conn, stored)
+        to = {n.id: r.address.display for n, r in zip(news, recipients, strict=True)}
+        body = MessageCreated(
+            id=message.id,
+            deliveries=[
+                DeliveryAnswer(id=d, to=to.get(d), status=status, reason=reason)
+                for d, status, reason in recorded.answers
+            ],
+        )
+        return SendAnswer(recorded.response_code, body)
+
+    async def _call_all(self, calls: Sequence[Call]) -> list[Call]:
+        """Make the provider calls, at most `concurrency` at a time (a 100-recipient request
+        neither waits for 100 sequential round trips nor opens 100 connections)."""
+        if len(calls) == 1:
+            call = calls[0]
+            return [dataclasses.replace(call, outcome=await call.provider.send(call.message))]
+        gate = asyncio.Semaphore(max(1, self.config.concurrency))
+
+        async def one(call: Call) -> Call:
+            async with gate:
+                return dataclasses.replace(call, outcome=await call.provider.send(call.message))
+
+        return list(await asyncio.gather(*(one(c) for c in calls)))
 
     def _recipients(self, request: SendMessage) -> list[_Recipient]:
         errors: list[dict[str, Any]] = []
@@ -261,97 +357,10 @@ class SendService:
             )
         return msgspec.structs.replace(request, expires_at=expires_at)
 
-    async def _claim(
-        self,
-        *,
-        client_id: uuid.UUID,
-        idempotency_key: str,
-        request: SendMessage,
-        fingerprint: str,
-        recipients: Sequence[_Recipient],
-        content: dict[str, Any],
-        topic: str | None,
-        now: dt.datetime,
-    ) -> SendAnswer | tuple[uuid.UUID, list[tuple[uuid.UUID, FreshDelivery | None]]]:
-        message_id = uuid.uuid4()
-        async with self.sessions() as session:
-            inserted = await session.execute(
-                insert(Message)
-                .values(
-                    id=message_id,
-                    client_id=client_id,
-                    idempotency_key=idempotency_key,
-                    fingerprint=fingerprint,
-                    state="in_progress",
-                    channel=request.channel,
-                    category=request.category,
-                    topic=topic,
-                    priority=request.priority,
-                    expires_at=request.expires_at,
-                    content_encrypted=self.protector.encrypt(json.dumps(content)),
-                    metadata=request.metadata or {},
-                    created_at=now,
-                )
-                .on_conflict_do_nothing(constraint="uq_messages_client_idempotency_key")
-                .returning(Message.id)
-            )
-            if inserted.scalar() is None:
-                await session.rollback()
-                return await self._duplicate(session, client_id, idempotency_key, fingerprint)
-            hashes = {
-                r.address.key: self.protector.hash(request.channel, r.address.key)
-                for r in recipients
-            }
-            hits = await suppression.check_many(
-                session,
-                request.channel,
-                hashes.values(),
-                category=request.category,
-                topic=topic,
-                now=now,
-            )
-            safety_net = now + dt.timedelta(seconds=self.config.retry.stale_in_progress_seconds)
-            to_dispatch: list[tuple[uuid.UUID, FreshDelivery | None]] = []
-            for r in recipients:
-                address_hash = hashes[r.address.key]
-                hit = hits.get(address_hash)
-                delivery = Delivery(
-                    id=uuid.uuid4(),
-                    message_id=message_id,
-                    position=r.position,
-                    channel=request.channel,
-                    recipient_hash=address_hash,
-                    recipient_encrypted=self.protector.encrypt(r.address.display),
-                    derived_key=derived_key(
-                        self.protector, client_id, idempotency_key, request.channel, r.address.key
-                    ),
-                    status=st.SUPPRESSED if hit else st.QUEUED,
-                    reason=hit.reason if hit else None,
-                    suppression_id=hit.id if hit else None,
-                    category=request.category,
-                    topic=topic,
-                    priority_rank=st.PRIORITY_RANK[request.priority],
-                    expires_at=request.expires_at,
-                    attempts=0,
-                    next_attempt_at=None if hit else safety_net,
-                    created_at=now,
-                    updated_at=now,
-                )
-                session.add(delivery)
-                if hit is None:
-                    # The first dispatch reuses what this transaction just wrote and checked
-                    # instead of reading it back before the rate limiter; it still re-checks
-                    # everything (suppression included) under the row lock before the call.
-                    to_dispatch.append((delivery.id, self.dispatcher.fresh(delivery, content)))
-            await session.commit()
-        return message_id, to_dispatch
-
     async def _duplicate(
-        self, session: AsyncSession, client_id: uuid.UUID, key: str, fingerprint: str
+        self, conn: Pg, client_id: uuid.UUID, key: str, fingerprint: str
     ) -> SendAnswer:
-        message = await session.scalar(
-            select(Message).where(Message.client_id == client_id, Message.idempotency_key == key)
-        )
+        message = await dlog.message_by_key(conn, client_id, key)
         if message is None:  # pragma: no cover - the conflicting row cannot vanish (no deletes)
             raise SendProblem(409, "urn:problem:idempotency-in-flight", "Please retry.")
         if message.fingerprint != fingerprint:
@@ -369,67 +378,19 @@ class SendService:
                     "A request with this Idempotency-Key is still being processed.",
                 )
             # The first request's process died mid-way: close the message with what its
-            # deliveries show now (the retry worker carries on with the rest).
+            # deliveries show now (the retry worker carries on with the rest); if another
+            # request closes it first, its record wins.
             log.warning("completing stale in-progress message %s", message.id)
-            return await self._finish(message.id)
-        return await self._replay(session, message)
+            await dlog.record(conn, [], now=utcnow(), complete=message.id)
+            completed = await dlog.message(conn, message.id)
+            assert completed is not None
+            return await self._replay(conn, completed, replayed=False)
+        return await self._replay(conn, message)
 
-    async def _dispatch_all(
-        self, deliveries: Sequence[tuple[uuid.UUID, FreshDelivery | None]]
-    ) -> None:
-        # Bounded concurrency: a 100-recipient request does not wait for 100 sequential
-        # provider round trips, and does not open 100 connections either.
-        gate = asyncio.Semaphore(max(1, self.config.concurrency))
-
-        async def one(delivery_id: uuid.UUID, fresh: FreshDelivery | None) -> None:
-            async with gate:
-                try:
-                    await self.dispatcher.dispatch(delivery_id, fresh=fresh)
-                except Exception:
-                    # Whatever state the delivery is left in, the worker or the sweeper
-                    # carries on from it; the request still gets its answer.
-                    log.exception("dispatch of delivery %s failed", delivery_id)
-
-        await asyncio.gather(*(one(d, fresh) for d, fresh in deliveries))
-
-    async def _finish(self, message_id: uuid.UUID) -> SendAnswer:
-        async with self.sessions() as session:
-            deliveries = await self._deliveries(session, message_id)
-            deferred = any(d.status in st.DEFERRED for d in deliveries)
-            code = 202 if deferred else 201
-            # Completes the message only if nobody else did (a stale-request takeover may
-            # race the original request); the loser answers with the winner's record.
-            completed = await session.scalar(
-                update(Message)
-                .where(Message.id == message_id, Message.state != "completed")
-                .values(
-                    first_answers=[
-                        {"id": str(d.id), "status": d.status, "reason": d.reason}
-                        for d in deliveries
-                    ],
-                    response_code=code,
-                    state="completed",
-                    completed_at=utcnow(),
-                )
-                .returning(Message.id)
-                .execution_options(synchronize_session=False)
-            )
-            if completed is None:
-                message = await session.get(Message, message_id, populate_existing=True)
-                assert message is not None
-                return await self._replay(session, message)
-            await session.commit()
-            body = MessageCreated(
-                id=message_id,
-                deliveries=[
-                    DeliveryAnswer(id=d.id, to=self._to(d), status=d.status, reason=d.reason)
-                    for d in deliveries
-                ],
-            )
-        return SendAnswer(code, body)
-
-    async def _replay(self, session: AsyncSession, message: Message) -> SendAnswer:
-        deliveries = await self._deliveries(session, message.id)
+    async def _replay(
+        self, conn: Pg, message: dlog.MessageRow, *, replayed: bool = True
+    ) -> SendAnswer:
+        deliveries = await dlog.deliveries_of(conn, message.id)
         first = {a["id"]: a for a in message.first_answers or []}
         answers = []
         for d in deliveries:
@@ -437,31 +398,23 @@ class SendService:
             answers.append(
                 DeliveryAnswer(
                     id=d.id,
-                    to=self._to(d),
+                    to=self._to(d.recipient_encrypted),
                     status=original.get("status", d.status),
                     reason=original.get("reason", d.reason),
                 )
             )
         code = message.response_code or 202
-        return SendAnswer(code, MessageCreated(id=message.id, deliveries=answers), replayed=True)
-
-    async def _deliveries(self, session: AsyncSession, message_id: uuid.UUID) -> list[Delivery]:
-        rows = await session.scalars(
-            select(Delivery)
-            .where(Delivery.message_id == message_id)
-            .order_by(Delivery.position, Delivery.created_at)
-            .execution_options(populate_existing=True)
-        )
-        return list(rows)
+        body = MessageCreated(id=message.id, deliveries=answers)
+        return SendAnswer(code, body, replayed=replayed)
 
     async def close(self) -> None:
         """Close the provider adapters (and cancel pending sandbox feedback)."""
         await self.dispatcher.close()
 
-    def _to(self, delivery: Delivery) -> str | None:
-        if delivery.recipient_encrypted is None:
+    def _to(self, recipient_encrypted: str | None) -> str | None:
+        if recipient_encrypted is None:
             return None
-        return self.protector.decrypt(delivery.recipient_encrypted)
+        return self.protector.decrypt(recipient_encrypted)
 
     # -- GET /v1/messages/{id} --------------------------------------------------------------
 
@@ -474,34 +427,28 @@ class SendService:
         may not see every client's messages (`see_all`, i.e. an admin key).
         """
         async with self.sessions() as session:
-            message = await session.get(Message, message_id)
+            conn = await pg_of(session)
+            message = await dlog.message(conn, message_id)
             if message is None or (message.client_id != client_id and not see_all):
                 return None
-            deliveries = await self._deliveries(session, message_id)
+            deliveries = await dlog.deliveries_of(conn, message_id)
             ids = [d.id for d in deliveries]
-            attempts: dict[uuid.UUID, list[Attempt]] = {i: [] for i in ids}
-            for a in await session.scalars(
-                select(Attempt).where(Attempt.delivery_id.in_(ids)).order_by(Attempt.number)
-            ):
+            attempts: dict[uuid.UUID, list[dlog.AttemptRow]] = {i: [] for i in ids}
+            for a in sorted(await dlog.attempts_of(conn, ids), key=lambda a: a.number):
                 attempts[a.delivery_id].append(a)
             events: dict[uuid.UUID, list[EventView]] = {i: [] for i in ids}
-            rows = await session.execute(
-                select(provider_events)
-                .where(provider_events.c.delivery_id.in_(ids))
-                .order_by(provider_events.c.received_at, provider_events.c.id)
-            )
-            for row in rows:
-                events[row.delivery_id].append(
+            for row in await self.events_of(conn, ids) if self.events_of else []:
+                events[row["delivery_id"]].append(
                     EventView(
-                        id=row.id,
-                        provider=row.provider,
-                        provider_event_id=row.provider_event_id,
-                        event_type=row.event_type,
-                        provider_message_id=row.provider_message_id,
-                        disposition=row.disposition,
-                        details=row.details or {},
-                        occurred_at=row.occurred_at,
-                        received_at=row.received_at,
+                        id=row["id"],
+                        provider=row["provider"],
+                        provider_event_id=row["provider_event_id"],
+                        event_type=row["event_type"],
+                        provider_message_id=row["provider_message_id"],
+                        disposition=row["disposition"],
+                        details=row["details"] or {},
+                        occurred_at=row["occurred_at"],
+                        received_at=row["received_at"],
                     )
                 )
             suppression_ids = [d.suppression_id for d in deliveries if d.suppression_id]
@@ -518,7 +465,7 @@ class SendService:
             topic=message.topic,
             priority=message.priority,
             expires_at=message.expires_at,
-            metadata=message.metadata_ or {},
+            metadata=message.metadata or {},
             state=message.state,
             response_code=message.response_code,
             created_at=message.created_at,
@@ -526,7 +473,7 @@ class SendService:
             deliveries=[
                 DeliveryView(
                     id=d.id,
-                    to=self._to(d),
+                    to=self._to(d.recipient_encrypted),
                     status=d.status,
                     reason=d.reason,
                     provider=d.provider,
@@ -546,7 +493,7 @@ class SendService:
         )
 
 
-def _attempt_view(a: Attempt) -> AttemptView:
+def _attempt_view(a: dlog.AttemptRow) -> AttemptView:
     return AttemptView(
         number=a.number,
         status=a.status,

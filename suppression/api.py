@@ -79,7 +79,7 @@ class SuppressionContext:
 
 def provide_context(state: State) -> SuppressionContext:
     """The context the composition root stored for this package."""
-    context: SuppressionContext = state.services.extra["suppression"]
+    context: SuppressionContext = state.services.suppression
     return context
 
 

@@ -67,16 +67,15 @@ class WebhookContext:
 
 
 def provide_context(state: State) -> WebhookContext:
-    """Build the context from ``services.extra`` (``ingestor``, ``sns_verifier``,
-    ``twilio_verifier``, optional ``sns_confirm_transport``) and the public URL."""
+    """Build the context from the composition root's services (``ingestor``,
+    ``sns_verifier``, ``twilio_verifier``, ``sns_confirm_transport``) and the public URL."""
     services = state.services
-    extra = services.extra
     return WebhookContext(
-        ingestor=extra["ingestor"],
-        sns=extra["sns_verifier"],
-        twilio=extra["twilio_verifier"],
+        ingestor=services.ingestor,
+        sns=services.sns_verifier,
+        twilio=services.twilio_verifier,
         public_url=str(services.settings.public_url).rstrip("/"),
-        confirm_transport=extra.get("sns_confirm_transport"),
+        confirm_transport=services.sns_confirm_transport,
     )
 
 

@@ -38,9 +38,9 @@ from typing import Any
 from sqlalchemy import and_, exists, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from retry import dlq, queue
 from retry.policy import Backoff, backoff_from_settings, next_attempt_at
 from retry.settings import RetrySettings
+from sender import log as dlog
 from sender.models import Attempt, Delivery
 from sender.status import (
     BOUNCED,
@@ -54,7 +54,7 @@ from sender.status import (
 )
 from suppression import service
 from suppression.crypto import AddressProtector, InvalidToken
-from suppression.db import utcnow
+from suppression.db import pg_of, utcnow
 from suppression.normalize import Address
 from webhooks import ses, store, twilio
 from webhooks.classify import OUTCOMES, Classification, Outcome, classify
@@ -325,6 +325,9 @@ class FeedbackIngestor:
             delivery_id=target.delivery_id,
             attempt_id=target.attempt_id,
         )
+        if disposition == PARKED and target.parked_delivery_id is not None:
+            # Its call is in flight: the send path applies it right after recording.
+            await dlog.note_parked(await pg_of(session), target.parked_delivery_id)
         if disposition == PARKED:
             log.info(
                 "parked %s event %s for unknown message %s",
@@ -518,22 +521,24 @@ class FeedbackIngestor:
         if new_status == RETRYING:
             assert retry_at is not None
             await session.flush()
-            await queue.schedule(
-                session,
+            await dlog.schedule(
+                await pg_of(session),
                 delivery.id,
                 at=retry_at,
                 status=RETRYING,
                 reason=outcome.name,
                 last_error=error,
+                now=now,
             )
         elif new_status == DEAD:
             await session.flush()
             exhausted = delivery.attempts >= backoff.max_attempts
-            await dlq.dead_letter(
-                session,
+            await dlog.dead_letter(
+                await pg_of(session),
                 delivery.id,
                 reason="max_attempts" if exhausted else "expired",
                 last_error=error,
+                now=now,
             )
         else:
             if new_status in POSITIVE:
@@ -545,7 +550,7 @@ class FeedbackIngestor:
             delivery.status = new_status
             await session.flush()
             if result.cancel_retry:
-                await queue.unschedule(session, delivery.id)
+                await dlog.unschedule(await pg_of(session), delivery.id)
         return APPLIED
 
     def _backoff_for(self, delivery: Delivery) -> Backoff:

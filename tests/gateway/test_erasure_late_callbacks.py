@@ -17,7 +17,7 @@ async def test_callback_after_erasure_stores_no_payload(
     client: httpx.AsyncClient, services: Services, make_key: object
 ) -> None:
     made = await make_delivery(services, channel="sms", to=PHONE, attempts=[("accepted", "SMe")])
-    ingestor = services.extra["ingestor"]
+    ingestor = services.ingestor
     before = status_params("SMe", "sent", to=PHONE)
     assert await ingestor.twilio_status(before, query={}, idempotency_token="t1") != []
 
@@ -42,7 +42,7 @@ async def test_callback_after_erasure_stores_no_payload(
 
 async def test_callbacks_for_other_people_keep_their_payload(services: Services) -> None:
     await make_delivery(services, channel="sms", to=PHONE, attempts=[("accepted", "SMk")])
-    ingestor = services.extra["ingestor"]
+    ingestor = services.ingestor
     params = status_params("SMk", "delivered", to=PHONE)
     assert await ingestor.twilio_status(params, query={}, idempotency_token="k1") == ["applied"]
     async with services.sessions() as session:

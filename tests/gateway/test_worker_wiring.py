@@ -18,7 +18,7 @@ async def test_worker_sweep_applies_events_parked_before_the_send_recorded_its_i
     made = await make_delivery(
         services, channel="sms", to=PHONE, status="sending", attempts=[("in_progress", None)]
     )
-    ingestor = services.extra["ingestor"]
+    ingestor = services.ingestor
     got = await ingestor.twilio_status(
         status_params("SMw", "delivered", to=PHONE),
         query={"d": str(made.delivery_id)},

@@ -17,9 +17,10 @@ import httpx
 from sqlalchemy import update
 
 from gateway.db import create_engine, session_factory
-from retry.queue import deliveries
 from retry.settings import RetrySettings
 from retry.worker import Worker
+from sender import log as delivery_log
+from tests.support.tables import deliveries
 
 
 async def main(database_url: str, stub_url: str, batch: int, concurrency: int) -> None:
@@ -37,7 +38,7 @@ async def main(database_url: str, stub_url: str, batch: int, concurrency: int) -
         return "sent"
 
     settings = RetrySettings(worker_batch=batch, worker_concurrency=concurrency)
-    worker = Worker(sessions, dispatch, settings)
+    worker = Worker(engine, delivery_log, dispatch, settings)
     async with engine.connect():
         pass
     print("ready", flush=True)

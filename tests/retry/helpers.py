@@ -23,15 +23,16 @@ from sqlalchemy import Row, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from retry.breaker import CircuitBreaker
-from retry.dlq import dead_letter
-from retry.policy import backoff_from_settings, next_attempt_at
-from retry.queue import PRIORITY_NAMES, attempts, deliveries, schedule
+from retry.policy import Action, Failure, backoff_from_settings, decide
 from retry.ratelimit import RateLimiter
 from retry.settings import RetrySettings
 from retry.worker import Worker
+from sender import log as dlog
+from sender.status import RANK_PRIORITY
 from suppression import service as suppression_service
-from suppression.db import utcnow
+from suppression.db import pg_of, utcnow
 from tests.stubs._server import Behavior, Call, StubServer
+from tests.support.tables import attempts, deliveries
 
 # Columns the set-based INSERT fills itself; any other NOT NULL column of the (evolving)
 # schema gets its model's scalar default, so the helper follows schema changes.
@@ -297,9 +298,11 @@ class ContractDispatch:
                 )
                 return "suppressed"
             if d.expires_at is not None and d.expires_at <= now:
-                await dead_letter(s, delivery_id, reason="expired", last_error=None)
+                await dlog.dead_letter(
+                    await pg_of(s), delivery_id, reason="expired", last_error=None, now=utcnow()
+                )
                 return "dead"
-            priority = PRIORITY_NAMES[d.priority_rank]
+            priority = RANK_PRIORITY[d.priority_rank]
             deferred = (
                 self.breaker is not None and not await self.breaker.allow(self.provider)
             ) or (
@@ -307,7 +310,9 @@ class ContractDispatch:
             )
             if deferred:
                 at = now + dt.timedelta(seconds=self.settings.defer_seconds)
-                await schedule(s, delivery_id, at=at, status="retrying")
+                await dlog.schedule(
+                    await pg_of(s), delivery_id, at=at, status="retrying", now=utcnow()
+                )
                 return "retrying"
             number = (
                 await s.scalar(
@@ -370,23 +375,31 @@ class ContractDispatch:
                 await self.breaker.record_failure(self.provider)
             retry_after = response.headers.get("Retry-After")
             backoff = backoff_from_settings(self.settings, d.channel, priority)
-            at = next_attempt_at(
-                backoff,
-                d.attempts + 1,
-                done,
+            # The same decision as the real dispatch (retry.policy.decide).
+            decision = decide(
+                Failure.TRANSIENT,
+                backoff=backoff,
+                attempts_made=d.attempts + 1,
+                now=done,
                 expires_at=d.expires_at,
+                settings=self.settings,
                 rng=self.rng,
                 retry_after=float(retry_after) if retry_after else None,
             )
-            if at is None:
-                out_of_time = d.expires_at is not None and d.attempts + 1 < backoff.max_attempts
-                await dead_letter(
-                    s,
+            if decision.action == Action.DEAD:
+                assert decision.dead_reason is not None
+                await dlog.dead_letter(
+                    await pg_of(s),
                     delivery_id,
-                    reason="expired" if out_of_time else "max_attempts",
+                    reason=decision.dead_reason,
                     last_error=error,
+                    now=done,
                 )
                 return "dead"
+            at = decision.at
+            assert at is not None
             self.scheduled_delays.append((at - done).total_seconds())
-            await schedule(s, delivery_id, at=at, status="retrying", last_error=error)
+            await dlog.schedule(
+                await pg_of(s), delivery_id, at=at, status="retrying", last_error=error, now=done
+            )
             return "retrying"

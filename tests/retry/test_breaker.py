@@ -148,7 +148,7 @@ async def test_readyz_shows_the_circuits(services: Services, client: httpx.Async
     assert response.status_code == 200
     check = response.json()["checks"]["breaker"]
     assert check["ses"] == "closed" and check["twilio"] == "closed"
-    await services.extra["breaker"].record_failure("twilio", account_level=True)
+    await services.breaker.record_failure("twilio", account_level=True)
     response = await client.get("/readyz")
     # an open circuit defers sends; the process still serves
     assert response.status_code == 200

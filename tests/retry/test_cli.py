@@ -15,11 +15,11 @@ from sqlalchemy import select, text
 from gateway.cli import main
 from gateway.services import Services
 from retry.models import DeadLetter
-from retry.queue import deliveries
 from tests.conftest import gateway_env
 from tests.retry.helpers import insert_deliveries
 from tests.retry.test_dlq_api import T0, _dead
 from tests.support.process import GATEWAY
+from tests.support.tables import deliveries
 
 
 def _env(services: Services, **extra: str) -> dict[str, str]:

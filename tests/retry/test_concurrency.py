@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import func, select
 
 from gateway.services import Services
-from retry.queue import deliveries
 from tests.retry.helpers import StubProvider, insert_deliveries
+from tests.support.tables import deliveries
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 10_000

@@ -12,10 +12,10 @@ from sqlalchemy import select, update
 from gateway.services import Services
 from retry.dlq import dead_letter
 from retry.models import DeadLetter
-from retry.queue import attempts, deliveries
 from suppression.db import utcnow
 from tests.conftest import bearer
 from tests.retry.helpers import insert_deliveries
+from tests.support.tables import attempts, deliveries
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 

@@ -24,7 +24,6 @@ from gateway.services import Services, build_services
 from gateway.settings import Settings
 from retry import dlq
 from retry.models import DeadLetter
-from retry.queue import deliveries
 from retry.settings import RateSpec
 from retry.worker import Worker
 from suppression import service as suppression
@@ -34,6 +33,7 @@ from tests.conftest import bearer, replace_settings
 from tests.retry.helpers import attempt_rows, delivery_status, run_worker_until
 from tests.stubs._server import Behavior
 from tests.stubs.twilio_stub import ACCOUNT_SID, AUTH_TOKEN, TwilioStub
+from tests.support.tables import deliveries
 
 MAX_ATTEMPTS = 4
 
@@ -61,7 +61,10 @@ class Rig:
 
     async def run_worker_until(self, done: Callable[[], Awaitable[bool]]) -> None:
         worker = Worker(
-            self.services.sessions, self.services.extra["dispatch"], self.services.settings.retry
+            self.services.engine,
+            self.services.delivery_queue,
+            self.services.dispatch,
+            self.services.settings.retry,
         )
         await run_worker_until(worker, done)
 

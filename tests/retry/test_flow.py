@@ -19,7 +19,6 @@ from gateway.services import Services
 from retry import dlq
 from retry.breaker import InProcessBreaker
 from retry.policy import Backoff, ceiling_seconds
-from retry.queue import deliveries
 from retry.settings import RetrySettings
 from retry.worker import Worker
 from tests.retry.helpers import (
@@ -31,6 +30,7 @@ from tests.retry.helpers import (
     insert_deliveries,
     run_worker_until,
 )
+from tests.support.tables import deliveries
 
 
 async def _run_until_settled(worker: Worker, services: Services, ids: list[uuid.UUID]) -> None:
@@ -62,7 +62,9 @@ async def test_500_n_times_then_200_with_growing_gaps(
     dispatch = ContractDispatch(services.sessions, settings, stub.url, rng=MaxRng())
     try:
         await _run_until_settled(
-            Worker(services.sessions, dispatch, settings), services, [delivery_id]
+            Worker(services.engine, services.delivery_queue, dispatch, settings),
+            services,
+            [delivery_id],
         )
     finally:
         await dispatch.aclose()
@@ -86,7 +88,7 @@ async def test_always_failing_then_dlq_then_redrive(
         (delivery_id,) = await insert_deliveries(s, 1, status="queued", channel="email")
     stub.fail(delivery_id, [503] * 3)
     dispatch = ContractDispatch(services.sessions, settings, stub.url)
-    worker = Worker(services.sessions, dispatch, settings)
+    worker = Worker(services.engine, services.delivery_queue, dispatch, settings)
     try:
         await _run_until_settled(worker, services, [delivery_id])
         assert await delivery_status(services.sessions, delivery_id) == "dead"
@@ -132,7 +134,9 @@ async def test_retry_after_is_honoured(services: Services, retry_settings: Retry
         dispatch = ContractDispatch(services.sessions, settings, provider.url)
         try:
             await _run_until_settled(
-                Worker(services.sessions, dispatch, settings), services, [delivery_id]
+                Worker(services.engine, services.delivery_queue, dispatch, settings),
+                services,
+                [delivery_id],
             )
         finally:
             await dispatch.aclose()
@@ -150,7 +154,7 @@ async def test_an_open_circuit_defers_without_counting_attempts(
     async with services.sessions() as s, s.begin():
         ids = await insert_deliveries(s, 5, status="queued")
     dispatch = ContractDispatch(services.sessions, retry_settings, stub.url, breaker=breaker)
-    worker = Worker(services.sessions, dispatch, retry_settings)
+    worker = Worker(services.engine, services.delivery_queue, dispatch, retry_settings)
     try:
         await worker.run_once()
         async with services.sessions() as s:

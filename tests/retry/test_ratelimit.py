@@ -132,4 +132,4 @@ async def test_in_process_limiter_is_the_default_without_redis(services: Service
     assert isinstance(
         build_limiter(services.settings.retry, redis=None, prefix="x:"), InProcessTokenBucket
     )
-    assert isinstance(services.extra["limiter"], RedisTokenBucket)
+    assert isinstance(services.limiter, RedisTokenBucket)

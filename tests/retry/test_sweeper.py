@@ -8,10 +8,10 @@ import uuid
 from sqlalchemy import select
 
 from gateway.services import Services
-from retry.queue import attempts, deliveries
 from retry.sweeper import sweep_stale
 from suppression.db import utcnow
 from tests.retry.helpers import delivery_row, insert_deliveries
+from tests.support.tables import attempts, deliveries
 
 
 async def _attempt(
@@ -64,7 +64,11 @@ async def test_stale_in_progress_attempts_become_unknown(services: Services) -> 
     a_delivered = await _attempt(services, delivered, old, "in_progress")
 
     count = await sweep_stale(
-        services.sessions, older_than_seconds=120, now=now, settle_seconds=300
+        services.engine,
+        services.delivery_queue,
+        older_than_seconds=120,
+        now=now,
+        settle_seconds=300,
     )
     assert count == 2
     assert await _attempt_status(services, a_stale) == "unknown"
@@ -75,7 +79,10 @@ async def test_stale_in_progress_attempts_become_unknown(services: Services) -> 
     assert await _state(services, delivered) == ("delivered", None)
     assert (await _state(services, fresh))[0] == "sending"
     # running it again changes nothing
-    assert await sweep_stale(services.sessions, older_than_seconds=120, now=now) == 0
+    assert (
+        await sweep_stale(services.engine, services.delivery_queue, older_than_seconds=120, now=now)
+        == 0
+    )
 
 
 async def test_abandoned_claims_are_requeued(services: Services) -> None:
@@ -96,7 +103,9 @@ async def test_abandoned_claims_are_requeued(services: Services) -> None:
     # an attempt ran and finished, but its outcome never reached the delivery
     await _attempt(services, unrecorded, claimed_at + dt.timedelta(seconds=1), "accepted")
 
-    count = await sweep_stale(services.sessions, older_than_seconds=120, now=now, settle_seconds=60)
+    count = await sweep_stale(
+        services.engine, services.delivery_queue, older_than_seconds=120, now=now, settle_seconds=60
+    )
     assert count == 2
     assert await _state(services, untouched) == ("retrying", now)
     assert await _state(services, unrecorded) == ("unknown", now + dt.timedelta(seconds=60))

@@ -1,6 +1,6 @@
 """DESIGN "Unknown outcome", end to end through the real pieces.
 
-`POST /v1/messages` on the app, the real dispatch (`services.extra["dispatch"]`), the real
+`POST /v1/messages` on the app, the real dispatch (`services.dispatch`), the real
 `twilio` client against the local Twilio stub, the worker from `gateway.worker.build_worker`
 (its `sweep()` and `run_once()`/`drain()`) and, for the callback, the signed Twilio status
 webhook.

@@ -11,11 +11,11 @@ from sqlalchemy import select
 
 from gateway.services import Services
 from retry.models import DeadLetter
-from retry.queue import attempts, deliveries
 from retry.settings import RetrySettings
 from retry.worker import Worker
 from suppression.db import utcnow
 from tests.retry.helpers import insert_deliveries, run_worker_until
+from tests.support.tables import attempts, deliveries
 
 
 class Recorder:
@@ -49,7 +49,8 @@ async def test_high_priority_is_claimed_before_older_low(
         later = await insert_deliveries(s, 5, priority="high", next_at=now + dt.timedelta(hours=1))
     recorder = Recorder(services)
     worker = Worker(
-        services.sessions,
+        services.engine,
+        services.delivery_queue,
         recorder,
         dataclasses.replace(retry_settings, worker_batch=4, worker_concurrency=1),
     )
@@ -115,7 +116,9 @@ async def test_expired_and_exhausted_are_dead_lettered_not_dispatched(
             )
         )
     recorder = Recorder(services)
-    result = await Worker(services.sessions, recorder, retry_settings).drain()
+    result = await Worker(
+        services.engine, services.delivery_queue, recorder, retry_settings
+    ).drain()
     assert result.claimed == 6 and result.dead_lettered == 4
     assert sorted(recorder.calls) == sorted(fine)
     dead = await _dead_letters(services)
@@ -141,7 +144,7 @@ async def test_unknown_outcome_policy(services: Services, retry_settings: RetryS
             s, 1, status="unknown", category="marketing", topic="news", attempts_made=1
         )
     recorder = Recorder(services)
-    await Worker(services.sessions, recorder, retry_settings).drain()
+    await Worker(services.engine, services.delivery_queue, recorder, retry_settings).drain()
     assert recorder.calls == otp
     dead = await _dead_letters(services)
     assert list(dead) == promo and dead[promo[0]].reason == "unknown_outcome"
@@ -152,7 +155,7 @@ async def test_unknown_outcome_policy(services: Services, retry_settings: RetryS
         )
     recorder = Recorder(services)
     settings = dataclasses.replace(retry_settings, unknown_outcome_marketing="retry")
-    await Worker(services.sessions, recorder, settings).drain()
+    await Worker(services.engine, services.delivery_queue, recorder, settings).drain()
     assert recorder.calls == promo2
 
 
@@ -170,7 +173,7 @@ async def test_policy_overrides_per_channel_and_priority(
         email = await insert_deliveries(s, 1, channel="email", attempts_made=3)
         email_ok = await insert_deliveries(s, 1, channel="email", attempts_made=2)
     recorder = Recorder(services)
-    await Worker(services.sessions, recorder, settings).drain()
+    await Worker(services.engine, services.delivery_queue, recorder, settings).drain()
     assert sorted(recorder.calls) == sorted(sms_low + email_ok)
     assert set(await _dead_letters(services)) == set(sms_high + email)
 
@@ -184,7 +187,9 @@ async def test_a_failing_dispatch_puts_the_delivery_back(
     async def broken(delivery_id: uuid.UUID) -> str:
         raise RuntimeError("send path bug")
 
-    result = await Worker(services.sessions, broken, retry_settings).run_once()
+    result = await Worker(
+        services.engine, services.delivery_queue, broken, retry_settings
+    ).run_once()
     assert result.claimed == 3
     statuses = await _status(services, ids)
     # back on the queue, same status, due after the deferral; no attempt was counted
@@ -217,7 +222,9 @@ async def test_cancel_releases_claimed_rows_and_lets_calls_finish(
         return status
 
     settings = dataclasses.replace(retry_settings, worker_batch=6, worker_concurrency=2)
-    task = asyncio.create_task(Worker(services.sessions, slow, settings).run())
+    task = asyncio.create_task(
+        Worker(services.engine, services.delivery_queue, slow, settings).run()
+    )
     for _ in range(1000):  # both slots busy
         if len(started) == 2:
             break
@@ -245,8 +252,8 @@ async def test_two_workers_in_one_process_send_each_once(
     recorder = Recorder(services)
     settings = dataclasses.replace(retry_settings, worker_batch=7, worker_concurrency=3)
     await asyncio.gather(
-        Worker(services.sessions, recorder, settings).drain(),
-        Worker(services.sessions, recorder, settings).drain(),
+        Worker(services.engine, services.delivery_queue, recorder, settings).drain(),
+        Worker(services.engine, services.delivery_queue, recorder, settings).drain(),
     )
     assert sorted(recorder.calls) == sorted(ids)
 
@@ -265,7 +272,9 @@ async def test_running_worker_picks_up_new_work(
                 )
         return len(recorder.calls) == 5
 
-    await run_worker_until(Worker(services.sessions, recorder, retry_settings), picked_up)
+    await run_worker_until(
+        Worker(services.engine, services.delivery_queue, recorder, retry_settings), picked_up
+    )
     assert sorted(recorder.calls) == sorted(ids)
 
 
@@ -282,4 +291,4 @@ async def test_gateway_wiring(services: Services, retry_settings: RetrySettings)
     assert list(background_tasks(off, in_server=True)) == []
     # the composition root hands the worker the send path's dispatch
     assert build_worker(services) is not None
-    assert services.extra["dispatch"] is not None
+    assert services.dispatch is not None

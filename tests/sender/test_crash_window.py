@@ -114,7 +114,8 @@ async def test_provider_accepted_then_the_process_died(
 
         # After the restart: the sweeper resolves the stale attempt as unknown.
         swept = await sweep_stale(
-            gw_.services.sessions,
+            gw_.services.engine,
+            gw_.services.delivery_queue,
             older_than_seconds=0,
             settle_seconds=settings.retry.unknown_settle_seconds,
         )
@@ -160,5 +161,5 @@ async def test_provider_accepted_then_the_process_died(
         assert attempt.provider_message_id == sid
 
         # Nothing sends it again: not the worker's dispatch, not the client's retry.
-        assert await gw_.services.extra["dispatch"](row.id) == "sent"
+        assert await gw_.services.dispatch(row.id) == "sent"
         assert twilio_stub.count == 1

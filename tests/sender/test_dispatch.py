@@ -33,7 +33,7 @@ from tests.stubs.twilio_stub import TwilioStub
 
 
 def _dispatcher(gw: Gateway) -> Dispatcher:
-    dispatcher: Dispatcher = gw.services.extra["sender"].dispatcher
+    dispatcher: Dispatcher = gw.services.sender.dispatcher
     return dispatcher
 
 
@@ -76,7 +76,7 @@ async def test_a_retry_succeeds_through_the_same_path(
 ) -> None:
     gw = providers_gateway
     delivery_id = await _deferred_sms(gw, twilio_stub)
-    assert await gw.services.extra["dispatch"](uuid.UUID(delivery_id)) == "sent"
+    assert await gw.services.dispatch(uuid.UUID(delivery_id)) == "sent"
     first, second = await attempts_of(gw.services, delivery_id)
     assert (first.number, first.status) == (1, "transient")
     assert (second.number, second.status) == (2, "accepted")
@@ -85,7 +85,7 @@ async def test_a_retry_succeeds_through_the_same_path(
     assert row.provider_message_id == second.provider_message_id
     assert twilio_stub.count == 2
     # A delivery that reached a provider state is not sent again.
-    assert await gw.services.extra["dispatch"](uuid.UUID(delivery_id)) == "sent"
+    assert await gw.services.dispatch(uuid.UUID(delivery_id)) == "sent"
     assert twilio_stub.count == 2
 
 
@@ -95,7 +95,7 @@ async def test_suppression_is_checked_again(
     gw = providers_gateway
     delivery_id = await _deferred_sms(gw, twilio_stub)
     entry = await suppress_sms(gw.services, "+14155552671")
-    assert await gw.services.extra["dispatch"](uuid.UUID(delivery_id)) == "suppressed"
+    assert await gw.services.dispatch(uuid.UUID(delivery_id)) == "suppressed"
     row = await delivery(gw.services, delivery_id)
     assert (row.reason, row.suppression_id, row.next_attempt_at) == ("sms_stop", entry.id, None)
     assert twilio_stub.count == 1
@@ -111,7 +111,7 @@ async def test_past_the_deadline_it_is_dead_lettered_unsent(
             update(Delivery).values(expires_at=utcnow() - dt.timedelta(seconds=1))
         )
         await session.commit()
-    assert await gw.services.extra["dispatch"](uuid.UUID(delivery_id)) == "dead"
+    assert await gw.services.dispatch(uuid.UUID(delivery_id)) == "dead"
     async with gw.services.sessions() as session:
         [entry] = (await session.scalars(select(DeadLetter))).all()
     assert (entry.reason, entry.delivery_id) == ("expired", uuid.UUID(delivery_id))
@@ -127,7 +127,7 @@ async def test_no_token_or_open_circuit_defers_without_calling_or_counting(
     limiter, breaker = Limiter(allow=who != "limiter"), Breaker(allow=who != "breaker")
     _dispatcher(gw).limiter, _dispatcher(gw).breaker = limiter, breaker
     before = utcnow()
-    assert await gw.services.extra["dispatch"](uuid.UUID(delivery_id)) == "queued"
+    assert await gw.services.dispatch(uuid.UUID(delivery_id)) == "queued"
     row = await delivery(gw.services, delivery_id)
     assert row.attempts == 1 and len(await attempts_of(gw.services, delivery_id)) == 1
     defer = gw.services.settings.retry.defer_seconds
@@ -139,7 +139,7 @@ async def test_no_token_or_open_circuit_defers_without_calling_or_counting(
         assert limiter.calls == [("twilio:+15017122661", "high")]
     # Allowed again: it goes out, and the outcome is reported to the breaker.
     limiter.allow, breaker.allowed = True, True
-    assert await gw.services.extra["dispatch"](uuid.UUID(delivery_id)) == "sent"
+    assert await gw.services.dispatch(uuid.UUID(delivery_id)) == "sent"
     assert breaker.events[-1] == ("success", "twilio", False)
 
 
@@ -180,7 +180,7 @@ async def test_only_one_of_two_concurrent_dispatches_calls_the_provider(
     release = threading.Event()
     twilio_stub.received.clear()
     twilio_stub.then(Behavior.accept(hold=release))
-    dispatch = gw.services.extra["dispatch"]
+    dispatch = gw.services.dispatch
     first = asyncio.create_task(dispatch(delivery_id))
     try:
         await asyncio.to_thread(twilio_stub.received.wait, 10)
@@ -196,7 +196,7 @@ async def test_unknown_waits_for_the_settle_window_then_follows_policy(
     providers_gateway: Gateway, twilio_stub: TwilioStub
 ) -> None:
     gw = providers_gateway
-    dispatch = gw.services.extra["dispatch"]
+    dispatch = gw.services.dispatch
     twilio_stub.then(Behavior.drop(), Behavior.drop())
     tx = (await gw.send(sms("+14155552671"))).json()["deliveries"][0]["id"]
     promo = (await gw.send(sms("+14155552672", category="marketing"))).json()["deliveries"][0]["id"]
@@ -247,7 +247,7 @@ async def test_hooks_run_after_the_outcome_is_committed(
 
 async def test_unknown_delivery_id(providers_gateway: Gateway) -> None:
     with pytest.raises(DeliveryNotFound):
-        await providers_gateway.services.extra["dispatch"](uuid.uuid4())
+        await providers_gateway.services.dispatch(uuid.uuid4())
 
 
 async def test_a_redriven_delivery_gets_a_fresh_budget_and_keeps_its_history(
@@ -264,7 +264,7 @@ async def test_a_redriven_delivery_gets_a_fresh_budget_and_keeps_its_history(
             assert entry is not None
             await dlq.redrive(session, entry.id, actor="operator")
             await session.commit()
-        assert await gw.services.extra["dispatch"](uuid.UUID(answer["id"])) == "sent"
+        assert await gw.services.dispatch(uuid.UUID(answer["id"])) == "sent"
         attempts = await attempts_of(gw.services, answer["id"])
         assert [(a.number, a.status) for a in attempts] == [(1, "transient"), (2, "accepted")]
         assert (await delivery(gw.services, answer["id"])).attempts == 1

@@ -27,7 +27,7 @@ class _Limiter:
 
 
 def _dispatcher(gw: Gateway) -> Dispatcher:
-    dispatcher: Dispatcher = gw.services.extra["sender"].dispatcher
+    dispatcher: Dispatcher = gw.services.sender.dispatcher
     return dispatcher
 
 

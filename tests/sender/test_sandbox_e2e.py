@@ -33,7 +33,7 @@ async def _send(client: httpx.AsyncClient, secret: str, body: dict[str, Any]) ->
 async def _settled(
     client: httpx.AsyncClient, services: Services, secret: str, message_id: str
 ) -> dict[str, Any]:
-    await services.extra["sandbox_feedback"].drain()
+    await services.sandbox_feedback.drain()
     r = await client.get(f"/v1/messages/{message_id}", headers=bearer(secret))
     assert r.status_code == 200
     view: dict[str, Any] = r.json()

@@ -120,7 +120,7 @@ async def test_account_problems_defer_and_open_the_circuit(
     answer = r.json()["deliveries"][0]
     assert (r.status_code, answer["status"]) == (202, "queued")
     assert answer["reason"].startswith(f"ses:{code}")
-    assert await gw.services.extra["breaker"].state("ses") == "open"
+    assert await gw.services.breaker.state("ses") == "open"
 
 
 async def test_throttling_is_transient_with_retry_after_as_floor(

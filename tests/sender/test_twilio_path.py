@@ -135,7 +135,7 @@ async def test_account_problems_defer_without_suppressing_and_open_the_circuit(
     [attempt] = await attempts_of(gw.services, answer["id"])
     assert attempt.status == "deferred"
     assert await _suppression_reason(gw.services, "+14155552671") is None
-    assert await gw.services.extra["breaker"].state("twilio") == "open"
+    assert await gw.services.breaker.state("twilio") == "open"
     # With the circuit open the next send is deferred without a provider call or attempt.
     second = await gw.send(sms("+14155552672"))
     assert second.status_code == 202

@@ -327,14 +327,14 @@ def install_sns_test_verifier(
 ) -> FakeCertHost:
     """Point `services` (a gateway Services) at the fake certificate host; returns the host.
 
-    Replaces ``services.extra["cert_store"]`` and ``["sns_verifier"]`` with a real store and
+    Replaces ``services.cert_store`` and ``["sns_verifier"]`` with a real store and
     verifier whose certificate fetches go to `host` (Redis sharing kept, same prefix), so
     endpoint tests can post `sign_sns(...)` bodies without any network.
     """
     host = host or FakeCertHost()
     store = cert_fetcher(host, redis=services.redis, redis_prefix=services.settings.redis_prefix)
-    services.extra["cert_store"] = store
-    services.extra["sns_verifier"] = SnsVerifier(
+    services.cert_store = store
+    services.sns_verifier = SnsVerifier(
         allowed_topic_arns=topic_arns,
         certs=store,
         max_age_seconds=(

@@ -66,9 +66,9 @@ class ConfirmHost:
 async def wired(services: Services) -> AsyncIterator[ConfirmHost]:
     """SNS verified against the test CA and topic, Twilio against TOKEN, SubscribeURL mocked."""
     install_sns_test_verifier(services)
-    services.extra["twilio_verifier"] = TwilioVerifier(auth_tokens=(TOKEN,))
+    services.twilio_verifier = TwilioVerifier(auth_tokens=(TOKEN,))
     host = ConfirmHost()
-    services.extra["sns_confirm_transport"] = httpx.MockTransport(host)
+    services.sns_confirm_transport = httpx.MockTransport(host)
     yield host
 
 

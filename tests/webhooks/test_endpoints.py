@@ -88,7 +88,7 @@ class Gateway:
     def use_sns(self, topics: tuple[str, ...], clock: Callable[[], datetime] | None = None) -> None:
         """Verify SNS against `topics`, with certificates from the fake SNS host."""
         kwargs: dict[str, Any] = {"clock": clock} if clock else {}
-        self.services.extra["sns_verifier"] = SnsVerifier(
+        self.services.sns_verifier = SnsVerifier(
             allowed_topic_arns=topics, certs=cert_fetcher(), **kwargs
         )
 
@@ -121,9 +121,9 @@ async def _gateway(settings: Settings, **changes: Any) -> AsyncIterator[Gateway]
     assert configured.database_url is not None
     services = build_services(configured, configured.database_url)
     host = SnsHost()
-    services.extra["sns_confirm_transport"] = httpx.MockTransport(host)
+    services.sns_confirm_transport = httpx.MockTransport(host)
     if configured.sns_topic_arns:
-        services.extra["sns_verifier"] = SnsVerifier(
+        services.sns_verifier = SnsVerifier(
             allowed_topic_arns=configured.sns_topic_arns, certs=cert_fetcher()
         )
     transport = httpx.ASGITransport(app=create_app(services))

@@ -36,7 +36,7 @@ JANE = "jane@example.com"
 
 @pytest.fixture
 def ingestor(services: Services) -> FeedbackIngestor:
-    ingestor: FeedbackIngestor = services.extra["ingestor"]
+    ingestor: FeedbackIngestor = services.ingestor
     return ingestor
 
 
@@ -595,7 +595,7 @@ async def test_account_codes_flag_the_provider(services: Services) -> None:
 async def test_account_codes_open_the_wired_breaker(
     services: Services, ingestor: FeedbackIngestor
 ) -> None:
-    breaker = services.extra["breaker"]
+    breaker = services.breaker
     await make_delivery(services, channel="sms", to=PHONE, attempts=[("accepted", "SMb")])
     params = status_params("SMb", "failed", to=PHONE, error_code="30002")
     await ingestor.twilio_status(params, query={}, idempotency_token=None)

@@ -816,8 +816,8 @@ async def test_build_services_wires_the_verifiers(settings: Settings) -> None:
     assert settings.database_url is not None
     bare = build_services(replace_settings(settings, sns_topic_arns=()), settings.database_url)
     try:
-        assert bare.extra["sns_verifier"].configured is False
-        assert bare.extra["twilio_verifier"].configured is False
+        assert bare.sns_verifier.configured is False
+        assert bare.twilio_verifier.configured is False
     finally:
         await bare.close()
 
@@ -830,13 +830,13 @@ async def test_build_services_wires_the_verifiers(settings: Settings) -> None:
     )
     services = build_services(configured, settings.database_url)
     try:
-        store = services.extra["cert_store"]
-        verifier = services.extra["sns_verifier"]
+        store = services.cert_store
+        verifier = services.sns_verifier
         assert isinstance(store, CertificateStore) and isinstance(verifier, SnsVerifier)
         assert verifier.configured
         assert store.redis_key(TEST_CERT_URL).startswith(settings.redis_prefix + "snscert:")
-        assert isinstance(services.extra["twilio_verifier"], TwilioVerifier)
-        assert services.extra["twilio_verifier"].configured
+        assert isinstance(services.twilio_verifier, TwilioVerifier)
+        assert services.twilio_verifier.configured
         # The configured maximum age is honoured: a 2-minute-old message is stale.
         old = sns_message(timestamp=datetime.now(UTC) - timedelta(minutes=2))
         await refused(verifier, sns_body(sign_sns(old)), "stale_timestamp")
@@ -848,9 +848,9 @@ async def test_install_sns_test_verifier(services: Services) -> None:
     from tests.webhooks.signing import install_sns_test_verifier
 
     host = install_sns_test_verifier(services)
-    verifier = services.extra["sns_verifier"]
+    verifier = services.sns_verifier
     envelope = await verifier.verify(sns_body(sign_sns(sns_message(), version="2")))
     assert envelope.topic_arn == TEST_TOPIC_ARN and host.requests == [TEST_CERT_URL]
-    store = services.extra["cert_store"]
+    store = services.cert_store
     assert services.redis is not None
     assert await services.redis.get(store.redis_key(TEST_CERT_URL)) is not None
