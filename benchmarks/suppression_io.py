@@ -99,7 +99,7 @@ async def _phase_import(url: str, file: str) -> dict[str, float]:
 
     services = build_services(_settings(url), url)  # type: ignore[arg-type]
     try:
-        context = services.extra["suppression"]
+        context = services.suppression
         start = time.perf_counter()
         with open(file, "rb") as source:
             report = await commands.import_file(
@@ -118,7 +118,7 @@ async def _phase_export(url: str) -> dict[str, float]:
 
     services = build_services(_settings(url), url)  # type: ignore[arg-type]
     try:
-        context = services.extra["suppression"]
+        context = services.suppression
         start = time.perf_counter()
         with open(os.devnull, "wb") as out:
             rows = await commands.export_file(

@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.db import create_engine, session_factory
+from gateway.keycache import KeyCache, database_lookup
 from gateway.settings import Settings
 from retry.breaker import CircuitBreaker, breaker_readiness, build_breaker
 from retry.queue import DeliveryQueue
@@ -70,6 +71,13 @@ class Services:
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)
     # Coroutines to run when the process shuts down.
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # API keys by secret hash, cached for a few seconds (what the auth guard asks).
+    api_keys: KeyCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.api_keys = KeyCache(
+            database_lookup(self.engine), ttl=self.settings.api_key_cache_seconds
+        )
 
     @property
     def dispatch(self) -> Dispatch:
