@@ -24,6 +24,7 @@ from gateway.services import Services
 from gateway.settings import Settings
 from gateway.subjects import ROUTES as SUBJECT_ROUTES
 from retry.api import DeadLetterController
+from retry.queue import DeliveryQueue
 from sender.api import MessagesController
 from suppression.api import ROUTES as SUPPRESSION_ROUTES
 from webhooks.api import ROUTES as WEBHOOK_ROUTES
@@ -44,6 +45,12 @@ def provide_services(state: State) -> Services:
     """The process-wide service graph."""
     services: Services = state.services
     return services
+
+
+def provide_delivery_queue(state: State) -> DeliveryQueue:
+    """The delivery log's operations for the dead-letter routes (`sender.log`)."""
+    services: Services = state.services
+    return services.delivery_queue
 
 
 def route_handlers() -> list[Any]:
@@ -89,6 +96,7 @@ def create_app(
         dependencies={
             "db_session": Provide(provide_db_session),
             "services": Provide(provide_services, sync_to_thread=False),
+            "delivery_queue": Provide(provide_delivery_queue, sync_to_thread=False),
         },
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_body_bytes,

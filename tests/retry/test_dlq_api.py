@@ -10,9 +10,9 @@ import httpx
 from sqlalchemy import select, update
 
 from gateway.services import Services
-from retry.dlq import dead_letter
 from retry.models import DeadLetter
-from suppression.db import utcnow
+from sender import log as dlog
+from suppression.db import pg_of, utcnow
 from tests.conftest import bearer
 from tests.retry.helpers import insert_deliveries
 from tests.support.tables import attempts, deliveries
@@ -41,7 +41,13 @@ async def _dead(
                     finished_at=at,
                 )
             )
-            entry = await dead_letter(s, delivery_id, reason=reason, last_error="30003 unreachable")
+            entry = await dlog.dead_letter(
+                await pg_of(s),
+                delivery_id,
+                reason=reason,
+                last_error="30003 unreachable",
+                now=utcnow(),
+            )
             await s.execute(
                 update(DeadLetter)
                 .where(DeadLetter.id == entry)
