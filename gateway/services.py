@@ -100,7 +100,7 @@ def build_services(settings: Settings, database_url: str) -> Services:
     )
     # webhooks: feedback processing (the endpoints and the sandbox providers' callbacks).
     services.extra["ingestor"] = FeedbackIngestor(
-        services.sessions,
+        services.engine,
         services.protector,
         settings.webhooks,
         retry=settings.retry,

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from retry.models import DeadLetter
 from retry.queue import attempts, deliveries
-from suppression.db import utcnow
+from suppression.db import Pg, jsonb, utcnow
 
 # Reasons written by this package; the send path may use others (e.g. "rejected").
 REASONS = ("max_attempts", "expired", "unknown_outcome")
@@ -381,3 +381,33 @@ __all__ = [
     "redrive_batch",
     "utc_time",
 ]
+
+
+# -- filing an entry on an asyncpg connection (the feedback path) ---------------------------
+
+
+async def file_entry(
+    conn: Pg,
+    delivery_id: uuid.UUID,
+    *,
+    channel: str,
+    reason: str,
+    last_error: str | None,
+    history: list[dict[str, Any]],
+    now: dt.datetime,
+) -> uuid.UUID:
+    """File the dead-letter entry of a delivery already marked `dead` (e.g. by
+    `sender.log.mark_dead`), in the caller's transaction; one statement. Returns its id."""
+    entry_id = uuid.uuid4()
+    await conn.execute(
+        "INSERT INTO dead_letters (id, delivery_id, channel, reason, last_error, "
+        "attempt_history, created_at) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)",
+        entry_id,
+        delivery_id,
+        channel,
+        reason,
+        last_error,
+        jsonb(history),
+        now,
+    )
+    return entry_id

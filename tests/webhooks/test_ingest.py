@@ -576,7 +576,7 @@ async def test_account_codes_flag_the_provider(services: Services) -> None:
         flagged.append((provider, rule))
 
     ingestor = FeedbackIngestor(
-        services.sessions,
+        services.engine,
         services.protector,
         services.settings.webhooks,
         retry=services.settings.retry,
