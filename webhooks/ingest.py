@@ -109,8 +109,10 @@ class _Target:
     attempt: dlog.AttemptRow | None = None
     # The delivery's highest attempt number (None: no attempt).
     latest: int | None = None
-    # Set when the event must wait (parked) although its delivery is already known.
+    # Set when the event must wait (parked) although its delivery is already known;
+    # `in_flight` when that is because the delivery's call is in flight.
     parked_delivery_id: uuid.UUID | None = None
+    in_flight: bool = False
 
     @property
     def parked(self) -> bool:
@@ -373,7 +375,7 @@ class FeedbackIngestor:
                 target = await self._correlate(pg, event)
                 if target.parked:
                     disposition = PARKED
-                    if target.parked_delivery_id is not None:
+                    if target.in_flight and target.parked_delivery_id is not None:
                         # Known delivery, call in flight: the send path applies it after
                         # recording the call's outcome.
                         await dlog.note_parked(pg, target.parked_delivery_id)
@@ -459,7 +461,7 @@ class FeedbackIngestor:
             return _Target(delivery, None, located.latest_number)
         if any(a.status == AttemptStatus.IN_PROGRESS for a in attempts):
             # A call is in flight: the id may be its own. Wait for the send to record it.
-            return _Target(parked_delivery_id=delivery.id)
+            return _Target(parked_delivery_id=delivery.id, in_flight=True)
         settle = _settle_candidate(attempts)
         if settle is None:
             return _Target(parked_delivery_id=delivery.id)
@@ -626,16 +628,16 @@ class FeedbackIngestor:
             )
             target = await self._correlate(pg, event)
             if target.parked:
-                if target.parked_delivery_id is not None:
+                if target.in_flight and target.parked_delivery_id is not None:
                     await dlog.note_parked(pg, target.parked_delivery_id)
-                    if row.delivery_id is None:
-                        await store.finish(
-                            pg,
-                            row.id,
-                            disposition=PARKED,
-                            delivery_id=target.parked_delivery_id,
-                            attempt_id=None,
-                        )
+                if target.parked_delivery_id is not None and row.delivery_id is None:
+                    await store.finish(
+                        pg,
+                        row.id,
+                        disposition=PARKED,
+                        delivery_id=target.parked_delivery_id,
+                        attempt_id=None,
+                    )
                 continue
             if (
                 row.recipient_hash is not None
