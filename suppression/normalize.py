@@ -7,10 +7,11 @@ Phone: E.164 via `phonenumbers`, with a default region for national numbers.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import phonenumbers
-from email_validator import EmailNotValidError, validate_email
+from email_validator import SPECIAL_USE_DOMAIN_NAMES, EmailNotValidError, validate_email
 
 CHANNELS = ("email", "sms")
 
@@ -33,9 +34,42 @@ class Address:
     display: str
 
 
+# Plain ASCII addresses (dot-atom local part of letters, digits, `_+-`; LDH domain labels),
+# which are nearly all of them, are recognized here in ~1 us instead of ~35 us in
+# `email_validator`. The checks below are those `email_validator` applies to such an address
+# (lengths, a dot in the domain, a TLD ending in a letter, no special-use domain, no `--`
+# label rule); anything else, and every invalid address, goes through `email_validator`, so
+# results and error messages are the same (tests/suppression/test_normalize.py).
+_SIMPLE_EMAIL = re.compile(
+    r"([A-Za-z0-9_+-]+(?:\.[A-Za-z0-9_+-]+)*)"
+    r"@((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+"
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
+)
+_ASCII_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyz")
+_SPECIAL_USE = tuple(SPECIAL_USE_DOMAIN_NAMES)
+
+
+def _simple_email(text: str) -> Address | None:
+    match = _SIMPLE_EMAIL.fullmatch(text)
+    if match is None:
+        return None
+    local, domain = match.group(1), match.group(2).lower()
+    if len(local) > 64 or len(text) > 254 or len(domain) > 253 or "--" in domain:
+        return None
+    if domain[-1] not in _ASCII_LETTERS:
+        return None
+    for special in _SPECIAL_USE:
+        if domain == special or domain.endswith("." + special):
+            return None
+    return Address("email", f"{local.lower()}@{domain}", f"{local}@{domain}")
+
+
 def normalize_email(raw: str) -> Address:
     """Validate and normalize an email address (no DNS look-ups)."""
     text = raw.strip()
+    simple = _simple_email(text)
+    if simple is not None:
+        return simple
     try:
         info = validate_email(text, check_deliverability=False, allow_smtputf8=True)
     except EmailNotValidError as exc:

@@ -2,24 +2,27 @@
 
 Scope rules: `all` covers the whole channel; any other scope is a topic. Transactional
 messages ignore topic entries but never `all` entries. Expired entries no longer suppress.
-Callers pass the session and commit; nothing here commits.
+Callers pass an ORM session or an asyncpg connection and commit; nothing here commits. The
+list's own operations are plain SQL on the asyncpg connection (one statement each, history
+rows written by the same statement), so they cost one round trip inside the caller's
+transaction; the admin read paths (`entries_for`, `history_for`) stay on the ORM.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import phonenumbers
-from sqlalchemy import or_, select, tuple_
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from suppression.crypto import AddressProtector
-from suppression.db import new_id, utcnow
+from suppression.db import Pg, jsonb, new_id, pg_of, utcnow
 from suppression.models import Suppression, SuppressionHistory
 from suppression.normalize import Address
 
@@ -115,8 +118,38 @@ class Source:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
-def _active(now: dt.datetime) -> Any:
-    return or_(Suppression.expires_at.is_(None), Suppression.expires_at > now)
+_ENTRY_COLUMNS = (
+    "id, channel, address_hash, address_encrypted, scope, reason, source_type, source_id,"
+    " evidence::text AS evidence, created_at, expires_at"
+)
+
+
+async def _pg(db: AsyncSession | Pg) -> Pg:
+    """The asyncpg connection of `db`, inside its transaction.
+
+    An ORM session used to flush pending changes before every query (autoflush); statements
+    sent to the driver directly would not see them, so they are flushed here first.
+    """
+    if isinstance(db, AsyncSession) and (db.new or db.dirty or db.deleted):
+        await db.flush()
+    return await pg_of(db)
+
+
+def _entry(row: Any) -> Suppression:
+    """A (detached) entry from a row selected with `_ENTRY_COLUMNS`."""
+    return Suppression(
+        id=row["id"],
+        channel=row["channel"],
+        address_hash=row["address_hash"],
+        address_encrypted=row["address_encrypted"],
+        scope=row["scope"],
+        reason=row["reason"],
+        source_type=row["source_type"],
+        source_id=row["source_id"],
+        evidence=json.loads(row["evidence"]) if row["evidence"] is not None else {},
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+    )
 
 
 def _scopes_for(category: str, topic: str | None) -> list[str]:
@@ -125,8 +158,17 @@ def _scopes_for(category: str, topic: str | None) -> list[str]:
     return [SCOPE_ALL, topic]
 
 
+_CHECK = """
+SELECT id, reason, scope, created_at, expires_at FROM suppressions
+WHERE channel = $1 AND address_hash = $2 AND scope = ANY($3::text[])
+  AND (expires_at IS NULL OR expires_at > $4)
+ORDER BY scope = 'all' DESC, created_at
+LIMIT 1
+"""
+
+
 async def check(
-    session: AsyncSession,
+    db: AsyncSession | Pg,
     channel: str,
     address_hash: str,
     *,
@@ -136,33 +178,29 @@ async def check(
 ) -> Hit | None:
     """The active suppression that stops a message of this category/topic, if any.
 
-    Channel-wide entries (`all`) win over topic entries when both exist.
+    Channel-wide entries (`all`) win over topic entries when both exist. `db` is an ORM
+    session or an asyncpg connection; the query runs inside its transaction.
     """
-    now = now or utcnow()
-    rows = (
-        (
-            await session.execute(
-                select(Suppression)
-                .where(
-                    Suppression.channel == channel,
-                    Suppression.address_hash == address_hash,
-                    Suppression.scope.in_(_scopes_for(category, topic)),
-                    _active(now),
-                )
-                .order_by((Suppression.scope == SCOPE_ALL).desc(), Suppression.created_at)
-                .limit(1)
-            )
-        )
-        .scalars()
-        .first()
+    conn = await _pg(db)
+    row = await conn.fetchrow(
+        _CHECK, channel, address_hash, _scopes_for(category, topic), now or utcnow()
     )
-    if rows is None:
+    if row is None:
         return None
-    return Hit(rows.id, rows.reason, rows.scope, rows.created_at, rows.expires_at)
+    return Hit(row[0], row[1], row[2], row[3], row[4])
+
+
+# `= ANY(array)` on the unique (channel, address_hash, scope) index: one index probe per
+# hash, one statement and one parameter whatever the number of addresses.
+_CHECK_MANY = """
+SELECT address_hash, id, reason, scope, created_at, expires_at FROM suppressions
+WHERE channel = $1 AND address_hash = ANY($2::text[]) AND scope = ANY($3::text[])
+  AND (expires_at IS NULL OR expires_at > $4)
+"""
 
 
 async def check_many(
-    session: AsyncSession,
+    db: AsyncSession | Pg,
     channel: str,
     address_hashes: Iterable[str],
     *,
@@ -171,33 +209,88 @@ async def check_many(
     now: dt.datetime | None = None,
 ) -> dict[str, Hit]:
     """Batch form of `check`: hash -> hit, for the suppressed ones only, in one query."""
-    now = now or utcnow()
     hashes = list(set(address_hashes))
     if not hashes:
         return {}
-    rows = (
-        await session.execute(
-            select(Suppression)
-            .where(
-                Suppression.channel == channel,
-                Suppression.address_hash.in_(hashes),
-                Suppression.scope.in_(_scopes_for(category, topic)),
-                _active(now),
-            )
-            .order_by((Suppression.scope == SCOPE_ALL).asc(), Suppression.created_at.desc())
-        )
-    ).scalars()
+    conn = await _pg(db)
+    rows = await conn.fetch(
+        _CHECK_MANY, channel, hashes, _scopes_for(category, topic), now or utcnow()
+    )
     result: dict[str, Hit] = {}
-    # Ordered so that channel-wide entries come last and overwrite topic entries.
-    for row in rows:
-        result[row.address_hash] = Hit(
-            row.id, row.reason, row.scope, row.created_at, row.expires_at
-        )
+    for address_hash, entry_id, reason, scope, created_at, expires_at in rows:
+        # At most two rows per hash (`all` and the topic); the channel-wide one wins.
+        known = result.get(address_hash)
+        if known is None or (scope == SCOPE_ALL and known.scope != SCOPE_ALL):
+            result[address_hash] = Hit(entry_id, reason, scope, created_at, expires_at)
     return result
 
 
+# One statement: lock the existing entry (if any), insert or renew/upgrade it, and write the
+# history row. An erased address (an `erase` row in history) gets no ciphertext.
+_ADD = f"""
+WITH existing AS (
+    SELECT id, reason, expires_at FROM suppressions
+    WHERE channel = $1::text AND address_hash = $2::text AND scope = $3::text
+    FOR UPDATE
+),
+ins AS (
+    INSERT INTO suppressions AS s (id, channel, address_hash, address_encrypted, scope, reason,
+        source_type, source_id, evidence, created_at, expires_at)
+    SELECT $4::uuid, $1::text, $2::text,
+        CASE WHEN EXISTS (
+            SELECT 1 FROM suppression_history h
+            WHERE h.channel = $1::text AND h.address_hash = $2::text AND h.action = 'erase'
+        ) THEN NULL ELSE $5::text END,
+        $3::text, $6::text, $7::text, $8::text, $9::text::jsonb, $10::timestamptz,
+        $11::timestamptz
+    WHERE NOT EXISTS (SELECT 1 FROM existing)
+    ON CONFLICT ON CONSTRAINT uq_suppressions_address_scope DO NOTHING
+    RETURNING {_ENTRY_COLUMNS},
+        'add'::text AS action, NULL::text AS previous_reason
+),
+upd AS (
+    UPDATE suppressions s
+    SET reason = $6::text, source_type = $7::text, source_id = $8::text,
+        evidence = $9::text::jsonb, expires_at = $11::timestamptz,
+        created_at = CASE WHEN e.expires_at <= $10::timestamptz THEN $10::timestamptz
+                          ELSE s.created_at END
+    FROM existing e
+    WHERE s.id = e.id AND (
+        e.expires_at <= $10::timestamptz
+        OR ($6::text = ANY($12::text[]) AND NOT e.reason = ANY($12::text[]))
+    )
+    RETURNING s.id, s.channel, s.address_hash, s.address_encrypted, s.scope, s.reason,
+        s.source_type, s.source_id, s.evidence::text AS evidence, s.created_at, s.expires_at,
+        CASE WHEN e.expires_at <= $10::timestamptz THEN 'add' ELSE 'upgrade' END AS action,
+        CASE WHEN e.expires_at <= $10::timestamptz THEN NULL ELSE e.reason END
+            AS previous_reason
+),
+result AS (
+    SELECT * FROM ins
+    UNION ALL
+    SELECT * FROM upd
+    UNION ALL
+    SELECT {_ENTRY_COLUMNS}, 'add_existing'::text, NULL::text FROM suppressions
+    WHERE id = (SELECT id FROM existing) AND NOT EXISTS (SELECT 1 FROM upd)
+),
+history AS (
+    INSERT INTO suppression_history (suppression_id, channel, address_hash, scope, action,
+        reason, actor, source_type, source_id, details, at)
+    SELECT r.id, $1::text, $2::text, $3::text, r.action, $6::text, $13::text, $7::text,
+        $8::text,
+        jsonb_build_object('evidence', $9::text::jsonb, 'expires_at', $14::text)
+            || CASE WHEN r.previous_reason IS NULL THEN '{{}}'::jsonb
+                    ELSE jsonb_build_object('previous_reason', r.previous_reason) END,
+        $10::timestamptz
+    FROM result r
+    WHERE r.action <> 'add_existing' OR $15::bool
+)
+SELECT * FROM result
+"""  # noqa: S608  (only the column list constant is interpolated)
+
+
 async def add(
-    session: AsyncSession,
+    db: AsyncSession | Pg,
     protector: AddressProtector,
     address: Address,
     *,
@@ -215,78 +308,65 @@ async def add(
     so that a complaint can never hide behind, say, a bounce that an operator may lift without
     `force`. An expired entry is renewed in place. For an address whose data was erased, the
     entry is stored without ciphertext (hash only).
+
+    One statement on the asyncpg connection of `db` (an ORM session or an asyncpg
+    connection), inside its transaction; the returned entry is a detached copy.
     """
     if reason not in REASONS:
         raise ValueError(f"unknown reason {reason!r}")
+    conn = await _pg(db)
     address_hash = protector.hash(address.channel, address.key)
-    now = utcnow()
-    erased = bool(await erased_hashes(session, [(address.channel, address_hash)]))
-    values = {
-        "channel": address.channel,
-        "address_hash": address_hash,
-        "address_encrypted": None if erased else protector.encrypt(address.key),
-        "scope": scope,
-        "reason": reason,
-        "source_type": source.type,
-        "source_id": source.id,
-        "evidence": source.evidence,
-        "created_at": now,
-        "expires_at": expires_at,
-    }
-    inserted = await session.execute(
-        insert(Suppression)
-        .values(id=new_id(), **values)
-        .on_conflict_do_nothing(constraint="uq_suppressions_address_scope")
-        .returning(Suppression.id)
-    )
-    created = inserted.scalar() is not None
-    entry = (
-        await session.execute(
-            select(Suppression).where(
-                Suppression.channel == address.channel,
-                Suppression.address_hash == address_hash,
-                Suppression.scope == scope,
-            )
+    ciphertext = protector.encrypt(address.key)
+    evidence = jsonb(source.evidence)
+    expiry = expires_at.isoformat() if expires_at else None
+    for _ in range(3):
+        row = await conn.fetchrow(
+            _ADD,
+            address.channel,
+            address_hash,
+            scope,
+            new_id(),
+            ciphertext,
+            reason,
+            source.type,
+            source.id,
+            evidence,
+            utcnow(),
+            expires_at,
+            list(PROTECTED_REASONS),
+            source.actor,
+            expiry,
+            record_existing,
         )
-    ).scalar_one()
-    action = "add" if created else "add_existing"
-    details: dict[str, Any] = {
-        "evidence": source.evidence,
-        "expires_at": expires_at.isoformat() if expires_at else None,
-    }
-    if not created and entry.expires_at is not None and entry.expires_at <= now:
-        # An expired entry is renewed with the new reason and source.
-        for key in ("reason", "source_type", "source_id", "evidence", "created_at", "expires_at"):
-            setattr(entry, key, values[key])
-        created, action = True, "add"
-    elif not created and _upgrades(entry.reason, reason):
-        details["previous_reason"] = entry.reason
-        for key in ("reason", "source_type", "source_id", "evidence", "expires_at"):
-            setattr(entry, key, values[key])
-        action = "upgrade"
-    if action == "add_existing" and not record_existing:
-        return entry, False
-    session.add(
-        SuppressionHistory(
-            suppression_id=entry.id,
-            channel=address.channel,
-            address_hash=address_hash,
-            scope=scope,
-            action=action,
-            reason=reason,
-            actor=source.actor,
-            source_type=source.type,
-            source_id=source.id,
-            details=details,
-            at=now,
-        )
-    )
-    await session.flush()
-    return entry, created
+        if row is not None:
+            return _entry(row), row["action"] == "add"
+        # A concurrent transaction inserted the same entry after this statement's snapshot
+        # (ON CONFLICT DO NOTHING waited for it): the next statement sees and locks it.
+    raise RuntimeError("suppression entry vanished while being added")  # pragma: no cover
+
+
+_REMOVE = f"""
+WITH removed AS (
+    DELETE FROM suppressions
+    WHERE channel = $1::text AND address_hash = $2::text
+      AND ($3::text IS NULL OR scope = $3::text)
+      AND ($4::text[] IS NULL OR reason = ANY($4::text[]))
+    RETURNING {_ENTRY_COLUMNS}
+),
+history AS (
+    INSERT INTO suppression_history (suppression_id, channel, address_hash, scope, action,
+        reason, actor, source_type, source_id, details, at)
+    SELECT id, channel, address_hash, scope, 'remove', reason, $5::text, $6::text, $7::text,
+        $8::text::jsonb, $9::timestamptz
+    FROM removed
+    ORDER BY created_at, id
+)
+SELECT * FROM removed ORDER BY created_at, id
+"""  # noqa: S608  (only the column list constant is interpolated)
 
 
 async def remove(
-    session: AsyncSession,
+    db: AsyncSession | Pg,
     channel: str,
     address_hash: str,
     *,
@@ -299,53 +379,42 @@ async def remove(
 
     `reason` is the reason for the removal (free text, required); `only_reasons` limits the
     removal to entries with those suppression reasons (e.g. START lifts only `sms_stop`).
+    One statement inside the transaction of `db` (ORM session or asyncpg connection); the
+    removed entries are returned as detached copies, oldest first.
     """
-    query = select(Suppression).where(
-        Suppression.channel == channel, Suppression.address_hash == address_hash
+    conn = await _pg(db)
+    rows = await conn.fetch(
+        _REMOVE,
+        channel,
+        address_hash,
+        scope,
+        list(only_reasons) if only_reasons is not None else None,
+        source.actor,
+        source.type,
+        source.id,
+        jsonb({"removal_reason": reason, "evidence": source.evidence}),
+        utcnow(),
     )
-    if scope is not None:
-        query = query.where(Suppression.scope == scope)
-    if only_reasons is not None:
-        query = query.where(Suppression.reason.in_(list(only_reasons)))
-    entries = list((await session.execute(query.with_for_update())).scalars())
-    now = utcnow()
-    for entry in entries:
-        session.add(
-            SuppressionHistory(
-                suppression_id=entry.id,
-                channel=entry.channel,
-                address_hash=entry.address_hash,
-                scope=entry.scope,
-                action="remove",
-                reason=entry.reason,
-                actor=source.actor,
-                source_type=source.type,
-                source_id=source.id,
-                details={"removal_reason": reason, "evidence": source.evidence},
-                at=now,
-            )
-        )
-        await session.delete(entry)
-    await session.flush()
-    return entries
+    return [_entry(row) for row in rows]
+
+
+_ERASED = """
+SELECT DISTINCT channel, address_hash FROM suppression_history
+WHERE action = 'erase'
+  AND (channel, address_hash) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+"""
 
 
 async def erased_hashes(
-    session: AsyncSession, keys: Iterable[tuple[str, str]]
+    db: AsyncSession | Pg, keys: Iterable[tuple[str, str]]
 ) -> set[tuple[str, str]]:
     """The (channel, address hash) pairs among `keys` whose data was erased."""
     wanted = list(set(keys))
     if not wanted:
         return set()
-    rows = await session.execute(
-        select(SuppressionHistory.channel, SuppressionHistory.address_hash)
-        .where(
-            SuppressionHistory.action == ERASE_ACTION,
-            tuple_(SuppressionHistory.channel, SuppressionHistory.address_hash).in_(wanted),
-        )
-        .distinct()
-    )
-    return {(c, h) for c, h in rows.all()}
+    conn = await _pg(db)
+    rows = await conn.fetch(_ERASED, [c for c, _ in wanted], [h for _, h in wanted])
+    return {(c, h) for c, h in rows}
 
 
 @dataclass(frozen=True)
@@ -359,8 +428,145 @@ class NewEntry:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class StagedEntries:
+    """Entries ready for `merge_entries`, column by column (hashed, encrypted, JSON text).
+
+    `line` numbers the entries (any increasing numbers); within one merge, the first entry of
+    a (channel, address, scope) wins unless a later one has a protected reason.
+    """
+
+    line: list[int] = field(default_factory=list)
+    channel: list[str] = field(default_factory=list)
+    address_hash: list[str] = field(default_factory=list)
+    address_encrypted: list[str] = field(default_factory=list)
+    scope: list[str] = field(default_factory=list)
+    reason: list[str] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+    expires_at: list[dt.datetime | None] = field(default_factory=list)
+    # `expires_at` as Python writes it into history details (isoformat).
+    expires_text: list[str | None] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.line)
+
+
+# Set-based form of `_ADD` for a whole batch, from column arrays (one parameter each):
+# duplicates inside the batch resolved (first wins, a protected reason beats an unprotected
+# one), existing entries locked, new ones inserted, expired ones renewed, weaker ones
+# upgraded, one history row per change. Returns the lines that were added.
+_MERGE = """
+WITH input AS (
+    SELECT * FROM unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::text[],
+        $6::text[], $7::text[], $8::timestamptz[], $9::text[])
+        AS t(line, channel, address_hash, address_encrypted, scope, reason, evidence,
+             expires_at, expires_text)
+),
+chosen AS (
+    SELECT DISTINCT ON (channel, address_hash, scope) *
+    FROM input
+    ORDER BY channel, address_hash, scope, (reason = ANY($10::text[])) DESC, line
+),
+existing AS (
+    SELECT s.id, s.reason, s.expires_at, c.line
+    FROM suppressions s JOIN chosen c USING (channel, address_hash, scope)
+    FOR UPDATE OF s
+),
+ins AS (
+    INSERT INTO suppressions AS s (id, channel, address_hash, address_encrypted, scope, reason,
+        source_type, source_id, evidence, created_at, expires_at)
+    SELECT gen_random_uuid(), c.channel, c.address_hash,
+        CASE WHEN EXISTS (
+            SELECT 1 FROM suppression_history h
+            WHERE h.channel = c.channel AND h.address_hash = c.address_hash
+              AND h.action = 'erase'
+        ) THEN NULL ELSE c.address_encrypted END,
+        c.scope, c.reason, $11::text, $12::text, c.evidence::jsonb, $13::timestamptz,
+        c.expires_at
+    FROM chosen c
+    WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.line = c.line)
+    ON CONFLICT ON CONSTRAINT uq_suppressions_address_scope DO NOTHING
+    RETURNING s.id, s.channel, s.address_hash, s.scope
+),
+upd AS (
+    UPDATE suppressions s
+    SET reason = c.reason, source_type = $11::text, source_id = $12::text,
+        evidence = c.evidence::jsonb, expires_at = c.expires_at,
+        created_at = CASE WHEN e.expires_at <= $13::timestamptz THEN $13::timestamptz
+                          ELSE s.created_at END
+    FROM existing e JOIN chosen c ON c.line = e.line
+    WHERE s.id = e.id AND (
+        e.expires_at <= $13::timestamptz
+        OR (c.reason = ANY($10::text[]) AND NOT e.reason = ANY($10::text[]))
+    )
+    RETURNING s.id, c.line,
+        CASE WHEN e.expires_at <= $13::timestamptz THEN 'add' ELSE 'upgrade' END AS action,
+        CASE WHEN e.expires_at <= $13::timestamptz THEN NULL ELSE e.reason END
+            AS previous_reason
+),
+changed AS (
+    SELECT i.id, c.line, 'add'::text AS action, NULL::text AS previous_reason
+    FROM ins i JOIN chosen c USING (channel, address_hash, scope)
+    UNION ALL
+    SELECT id, line, action, previous_reason FROM upd
+),
+history AS (
+    INSERT INTO suppression_history (suppression_id, channel, address_hash, scope, action,
+        reason, actor, source_type, source_id, details, at)
+    SELECT ch.id, c.channel, c.address_hash, c.scope, ch.action, c.reason, $14::text,
+        $11::text, $12::text,
+        jsonb_build_object('evidence', c.evidence::jsonb, 'expires_at', c.expires_text)
+            || CASE WHEN ch.previous_reason IS NULL THEN '{}'::jsonb
+                    ELSE jsonb_build_object('previous_reason', ch.previous_reason) END,
+        $13::timestamptz
+    FROM changed ch JOIN chosen c ON c.line = ch.line
+    ORDER BY ch.line
+)
+SELECT coalesce(array_agg(line) FILTER (WHERE action = 'add'), '{}') FROM changed
+"""
+
+
+async def merge_entries(
+    db: AsyncSession | Pg,
+    staged: StagedEntries,
+    *,
+    source_type: str,
+    source_id: str | None,
+    actor: str,
+    now: dt.datetime | None = None,
+) -> set[int]:
+    """Merge a batch of staged entries into the list in one statement; the lines added.
+
+    The rules of `add`, set-based: an existing active entry stays as it is (nothing written
+    for it) unless a protected reason upgrades it (`upgrade` in history, not counted as
+    added); an expired one is renewed (counted as added); erased addresses are stored
+    without ciphertext; a repeat of a (channel, address, scope) inside the batch is not added.
+    """
+    if not len(staged):
+        return set()
+    conn = await _pg(db)
+    added = await conn.fetchval(
+        _MERGE,
+        staged.line,
+        staged.channel,
+        staged.address_hash,
+        staged.address_encrypted,
+        staged.scope,
+        staged.reason,
+        staged.evidence,
+        staged.expires_at,
+        staged.expires_text,
+        list(PROTECTED_REASONS),
+        source_type,
+        source_id,
+        now or utcnow(),
+        actor,
+    )
+    return set(added)
+
+
 async def add_many(
-    session: AsyncSession,
+    db: AsyncSession | Pg,
     protector: AddressProtector,
     entries: Sequence[NewEntry],
     *,
@@ -375,110 +581,24 @@ async def add_many(
     as `upgrade`), an expired one is renewed, erased addresses are stored without ciphertext.
     A repeat of the same (channel, address, scope) inside the batch counts as already present.
     """
-    now = utcnow()
-    keyed = [
-        (e.address.channel, protector.hash(e.address.channel, e.address.key), e.scope)
-        for e in entries
-    ]
     for entry in entries:
         if entry.reason not in REASONS:
             raise ValueError(f"unknown reason {entry.reason!r}")
-    erased = await erased_hashes(session, [(c, h) for c, h, _ in keyed])
-    first: dict[tuple[str, str, str], int] = {}
-    for index, key in enumerate(keyed):
-        chosen = first.get(key)
-        if chosen is None or _upgrades(entries[chosen].reason, entries[index].reason):
-            first[key] = index
-    if not first:
-        return []
-    rows = []
-    for key, index in first.items():
-        entry = entries[index]
-        rows.append(
-            {
-                "id": new_id(),
-                "channel": key[0],
-                "address_hash": key[1],
-                "address_encrypted": None
-                if (key[0], key[1]) in erased
-                else protector.encrypt(entry.address.key),
-                "scope": key[2],
-                "reason": entry.reason,
-                "source_type": source_type,
-                "source_id": source_id,
-                "evidence": entry.evidence,
-                "created_at": now,
-                "expires_at": entry.expires_at,
-            }
-        )
-    inserted = await session.execute(
-        insert(Suppression)
-        .values(rows)
-        .on_conflict_do_nothing(constraint="uq_suppressions_address_scope")
-        .returning(Suppression.id, Suppression.channel, Suppression.address_hash, Suppression.scope)
+    staged = StagedEntries()
+    for index, entry in enumerate(entries):
+        staged.line.append(index)
+        staged.channel.append(entry.address.channel)
+        staged.address_hash.append(protector.hash(entry.address.channel, entry.address.key))
+        staged.address_encrypted.append(protector.encrypt(entry.address.key))
+        staged.scope.append(entry.scope)
+        staged.reason.append(entry.reason)
+        staged.evidence.append(jsonb(entry.evidence))
+        staged.expires_at.append(entry.expires_at)
+        staged.expires_text.append(entry.expires_at.isoformat() if entry.expires_at else None)
+    added = await merge_entries(
+        db, staged, source_type=source_type, source_id=source_id, actor=actor
     )
-    added: dict[tuple[str, str, str], Any] = {(c, h, s): i for i, c, h, s in inserted.all()}
-    conflicting = [key for key in first if key not in added]
-    # key -> (suppression id, action, reason it replaced)
-    changed: dict[tuple[str, str, str], tuple[Any, str, str | None]] = {
-        key: (suppression_id, "add", None) for key, suppression_id in added.items()
-    }
-    if conflicting:
-        existing = (
-            await session.execute(
-                select(Suppression)
-                .where(
-                    tuple_(Suppression.channel, Suppression.address_hash, Suppression.scope).in_(
-                        conflicting
-                    ),
-                )
-                .with_for_update()
-            )
-        ).scalars()
-        for row in existing:
-            key = (row.channel, row.address_hash, row.scope)
-            entry = entries[first[key]]
-            expired = row.expires_at is not None and row.expires_at <= now
-            if not expired and not _upgrades(row.reason, entry.reason):
-                continue
-            previous = None if expired else row.reason
-            row.reason = entry.reason
-            row.source_type = source_type
-            row.source_id = source_id
-            row.evidence = entry.evidence
-            row.expires_at = entry.expires_at
-            if expired:
-                row.created_at = now
-                added[key] = row.id
-            changed[key] = (row.id, "add" if expired else "upgrade", previous)
-    history = []
-    for key, (suppression_id, action, previous) in changed.items():
-        entry = entries[first[key]]
-        details: dict[str, Any] = {
-            "evidence": entry.evidence,
-            "expires_at": entry.expires_at.isoformat() if entry.expires_at else None,
-        }
-        if previous is not None:
-            details["previous_reason"] = previous
-        history.append(
-            {
-                "suppression_id": suppression_id,
-                "channel": key[0],
-                "address_hash": key[1],
-                "scope": key[2],
-                "action": action,
-                "reason": entry.reason,
-                "actor": actor,
-                "source_type": source_type,
-                "source_id": source_id,
-                "details": details,
-                "at": now,
-            }
-        )
-    if history:
-        await session.execute(insert(SuppressionHistory).values(history))
-    await session.flush()
-    return [first[key] == index and key in added for index, key in enumerate(keyed)]
+    return [index in added for index in range(len(entries))]
 
 
 async def entries_for(session: AsyncSession, channel: str, address_hash: str) -> list[Suppression]:
@@ -519,7 +639,7 @@ class ProtectedSuppression(PermissionError):
 
 
 async def remove_by_operator(
-    session: AsyncSession,
+    session: AsyncSession | Pg,
     channel: str,
     address_hash: str,
     *,
@@ -538,12 +658,15 @@ async def remove_by_operator(
     """
     if not reason.strip():
         raise ValueError("a removal reason is required")
-    query = select(Suppression.reason).where(
-        Suppression.channel == channel, Suppression.address_hash == address_hash
+    conn = await _pg(session)
+    rows = await conn.fetch(
+        "SELECT DISTINCT reason FROM suppressions"
+        " WHERE channel = $1 AND address_hash = $2 AND ($3::text IS NULL OR scope = $3::text)",
+        channel,
+        address_hash,
+        scope,
     )
-    if scope is not None:
-        query = query.where(Suppression.scope == scope)
-    reasons = set((await session.execute(query)).scalars())
+    reasons = {row[0] for row in rows}
     if not reasons:
         raise NothingToRemove("no suppression matches this address and scope")
     protected = sorted(reasons & set(PROTECTED_REASONS))
