@@ -37,7 +37,8 @@ _tool: dict[str, str | None] = {}
 
 @dataclass
 class LoadSpec:
-    """What to send, how hard and for how long (or how many requests: `count`)."""
+    """What to send, how hard and for how long (or how many requests: `count`, within
+    `duration` seconds at most)."""
 
     base: str
     mode: str = "template"
@@ -238,7 +239,7 @@ def run_load(spec: LoadSpec) -> LoadResult:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(asdict(spec), f)
     try:
-        timeout = spec.duration + 120 if spec.count is None else None
+        timeout = spec.duration + 120
         done = subprocess.run(
             [sys.executable, "-m", "benchmarks.load", f.name],
             capture_output=True,
@@ -314,12 +315,12 @@ async def _drive(spec: LoadSpec) -> LoadResult:
         n = 0
         try:
             while True:
+                if time.perf_counter() >= deadline:
+                    return
                 if spec.count is not None:
                     if issued >= spec.count:
                         return
                     issued += 1
-                elif time.perf_counter() >= deadline:
-                    return
                 data = next_request(conn, n)
                 n += 1
                 start = time.perf_counter()

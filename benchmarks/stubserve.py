@@ -7,6 +7,7 @@ stubs' request logs are emptied every few seconds so a long run does not grow th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -41,7 +42,8 @@ def main() -> None:
         ),
         flush=True,
     )
-    sys.stdin.read()
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.stdin.read()
     for stub in stubs:
         stub.stop()
 
