@@ -11,6 +11,8 @@ Served by uvicorn exactly like ``gateway serve`` (one process, no access log):
 creates their tables (prefixed ``bench_floor_``) and `drop(dsn)` removes them.
 """
 
+# ruff: noqa: S608  (SQL from module constants)
+
 from __future__ import annotations
 
 import hashlib
