@@ -840,14 +840,18 @@ class Bench:
                 body = {"channel": "sms", "to": ["+1415555@P@"], "body": "hi"}
                 spec = self.send_spec(self.gateways["two"].base, body)
                 self.measure("send_sms_sandbox_2proc", spec)
-        if self.wants("send_providers"):
-            self.botocore_cpu()
-        if self.wants("check"):
-            self.run_check_bulk()
-        if self.wants("import_export"):
-            self.run_import_export()
-        if self.wants("memory"):
-            self.run_memory()
+        for name, step in (
+            ("send_providers", self.botocore_cpu),
+            ("check", self.run_check_bulk),
+            ("import_export", self.run_import_export),
+            ("memory", self.run_memory),
+        ):
+            if self.wants(name):
+                try:
+                    step()
+                except Exception as exc:  # one broken scenario must not lose the others
+                    log(f"{step.__name__} failed: {exc!r}")
+                    self.notes.append(f"{step.__name__} failed: {str(exc)[:300]}")
 
     # -- results ------------------------------------------------------------------------------
 
