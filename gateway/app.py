@@ -61,8 +61,12 @@ def create_app(
     *,
     settings: Settings | None = None,
     background: Sequence[Callable[[Services], Any]] = (),
+    owns_services: bool = False,
 ) -> Litestar:
-    """Build the ASGI app. Without `services` the app can only describe itself (OpenAPI)."""
+    """Build the ASGI app. Without `services` the app can only describe itself (OpenAPI).
+
+    `background` tasks run for the app's lifetime; with `owns_services` the services are closed
+    when the app shuts down (after those tasks), as `gateway serve` wants for each worker."""
     settings = settings or (services.settings if services else Settings())
 
     @contextlib.asynccontextmanager
@@ -76,6 +80,8 @@ def create_app(
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            if owns_services and services is not None:
+                await services.close()
 
     return Litestar(
         route_handlers=route_handlers(),

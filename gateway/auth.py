@@ -2,6 +2,8 @@
 
 A missing or unknown key gets 401 with `WWW-Authenticate: Bearer`; a key without the scope a
 route asks for (`opt={"scope": "send"}`) gets 403. `admin` implies every scope.
+Keys are looked up through the process's `KeyCache` (`gateway.keycache`): a few seconds of
+reuse, one SQL statement on a miss.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from litestar.connection import ASGIConnection
 from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
 from litestar.handlers.base import BaseRouteHandler
 
-from gateway.keys import Principal, authenticate
+from gateway.keys import Principal
 from gateway.services import Services
 
 
@@ -31,8 +33,7 @@ async def api_key_guard(
             headers={"WWW-Authenticate": "Bearer"},
         )
     services: Services = connection.app.state.services
-    async with services.sessions() as session:
-        principal = await authenticate(session, secret.strip())
+    principal = await services.api_keys.principal(secret.strip())
     if principal is None:
         raise NotAuthorizedException(
             "The API key is unknown or revoked.",

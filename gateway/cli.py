@@ -8,13 +8,10 @@ import datetime as dt
 import logging
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, BinaryIO
+from collections.abc import Sequence
+from typing import BinaryIO
 
 from gateway.settings import Settings, SettingsError, load_settings
-
-if TYPE_CHECKING:
-    from gateway.services import Services
 
 log = logging.getLogger("gateway")
 
@@ -28,48 +25,18 @@ def _settings() -> Settings:
 
 
 def _logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from gateway.runtime import configure_logging
+
+    configure_logging(settings)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Start the HTTP server (and the retry worker unless disabled)."""
-    import uvicorn
-
-    from gateway.app import create_app
-    from gateway.runtime import prepare, services_for
+    """Start the HTTP server (and the retry worker unless disabled), in `--workers` processes."""
+    from gateway.serve import serve
 
     settings = _settings()
     _logging(settings)
-    prepared = prepare(settings)
-    services = services_for(prepared)
-    if prepared.settings.embedded_database:
-        asyncio.run(_print_first_admin_key(services))
-    app = create_app(services, background=_background(prepared.settings))
-    uvicorn.run(app, host=args.host, port=args.port, log_level=settings.log_level.lower())
-    return 0
-
-
-async def _print_first_admin_key(services: Services) -> None:
-    """The first start of the embedded default prints an admin key, once."""
-    from gateway.runtime import ensure_first_admin_key
-
-    try:
-        secret = await ensure_first_admin_key(services)
-    finally:
-        # The pool belongs to this short-lived loop; uvicorn runs the app on another one.
-        await services.engine.dispose()
-    if secret:
-        print(f"Admin API key (shown once, keep it): {secret}", flush=True)
-
-
-def _background(settings: Settings) -> list[Callable[[Services], Awaitable[None]]]:
-    from gateway.worker import background_tasks
-
-    return list(background_tasks(settings, in_server=True))
+    return serve(settings, host=args.host, port=args.port, workers=args.workers)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -102,6 +69,17 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     else:
         print(migrate.current(prepared.database_url) or "(empty database)")
     return 0
+
+
+def _positive_int(value: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value!r}")
+    return number
 
 
 def cmd_openapi(args: argparse.Namespace) -> int:
@@ -476,6 +454,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP API (and the retry worker)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        help="serving processes sharing the port (default 1); each runs its own retry worker",
+    )
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("worker", help="run the retry worker alone")

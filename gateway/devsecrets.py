@@ -22,13 +22,15 @@ WARNING = (
 )
 
 
-def with_development_secrets(settings: Settings) -> Settings:
-    """Fill in missing secrets from `<data_dir>/dev-secrets.json`, creating it on first use."""
+def with_development_secrets(settings: Settings, *, warn: bool = True) -> Settings:
+    """Fill in missing secrets from `<data_dir>/dev-secrets.json`, creating it on first use.
+    `warn=False` for a process whose parent has already warned (`serve --workers N`)."""
     if settings.secret_keys and settings.hash_key:
         return settings
     path = settings.data_dir / "dev-secrets.json"
     data = _load_or_create(path)
-    log.warning(WARNING.format(path=path))
+    if warn:
+        log.warning(WARNING.format(path=path))
     return dataclasses.replace(
         settings,
         secret_keys=settings.secret_keys or (data["secret_key"],),

@@ -1,4 +1,8 @@
-"""API keys: creation (the secret is shown once), listing, revocation and look-up by hash."""
+"""API keys: creation (the secret is shown once), listing, revocation and look-up by hash.
+
+The request path never comes here directly: `gateway.keycache.KeyCache` answers from memory
+and calls `lookup_principal` (one plain SQL statement on an asyncpg connection) on a miss.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.models import ApiKey
-from suppression.db import utcnow
+from suppression.db import Pg, pg_of, utcnow
 
 SCOPES = ("send", "read", "admin", "export")
 KEY_PREFIX = "gw_"
@@ -76,14 +80,25 @@ async def revoke_key(session: AsyncSession, key_id: uuid.UUID) -> bool:
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-async def authenticate(session: AsyncSession, secret: str) -> Principal | None:
-    """The principal for a presented secret, or None when unknown or revoked."""
-    row = await session.scalar(
-        select(ApiKey).where(ApiKey.secret_hash == hash_secret(secret), ApiKey.revoked_at.is_(None))
-    )
+_LOOKUP = "SELECT id, name, scopes FROM api_keys WHERE secret_hash = $1 AND revoked_at IS NULL"
+
+
+async def lookup_principal(pg: Pg, secret_hash: str) -> Principal | None:
+    """The principal of an active key by the hash of its secret (one statement, unique index),
+    or None when no active key has it. `pg` is an asyncpg connection (`pg_connection`)."""
+    row = await pg.fetchrow(_LOOKUP, secret_hash)
     if row is None:
         return None
-    return Principal(key_id=row.id, name=row.name, scopes=frozenset(row.scopes))
+    # asyncpg returns its own UUID type; the rest of the code compares uuid.UUID values.
+    return Principal(
+        key_id=uuid.UUID(str(row["id"])), name=row["name"], scopes=frozenset(row["scopes"])
+    )
+
+
+async def authenticate(session: AsyncSession, secret: str) -> Principal | None:
+    """The principal for a presented secret, or None when unknown or revoked (uncached; for
+    callers inside an ORM transaction; requests go through `gateway.keycache.KeyCache`)."""
+    return await lookup_principal(await pg_of(session), hash_secret(secret))
 
 
 async def has_any_key(session: AsyncSession) -> bool:

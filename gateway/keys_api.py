@@ -11,6 +11,7 @@ from litestar.exceptions import HTTPException, NotFoundException
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.keys import UnknownScopeError, create_key, list_keys, parse_scopes, revoke_key
+from gateway.services import Services
 
 
 @dataclass
@@ -64,8 +65,10 @@ class KeysController(Controller):
         return [KeyView(r.id, r.name, r.scopes, r.created_at, r.revoked_at) for r in rows]
 
     @delete("/{key_id:uuid}", summary="Revoke an API key")
-    async def revoke(self, key_id: uuid.UUID, db_session: AsyncSession) -> None:
-        """Revoke a key; 404 when no active key has that id."""
+    async def revoke(self, key_id: uuid.UUID, db_session: AsyncSession, services: Services) -> None:
+        """Revoke a key; 404 when no active key has that id. Effective at once in this process
+        (its cached look-up is dropped after the commit), within the key cache's TTL in others."""
         if not await revoke_key(db_session, key_id):
             raise NotFoundException(f"No active key {key_id}.")
         await db_session.commit()
+        services.api_keys.forget(key_id)

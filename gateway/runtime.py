@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 
 from gateway import migrate
@@ -34,6 +35,24 @@ def prepare(settings: Settings, *, apply_migrations: bool = True) -> Prepared:
     if apply_migrations:
         migrate.upgrade(database_url)
     return Prepared(settings, database_url)
+
+
+def adopt(settings: Settings, database_url: str) -> Prepared:
+    """A process started by another that already ran `prepare` (a `serve --workers N` child):
+    the same secrets (the development ones are read from the data dir, not generated) and the
+    database at `database_url`; nothing is started or migrated here."""
+    if settings.embedded_database:
+        settings = with_development_secrets(settings, warn=False)
+    return Prepared(settings, database_url)
+
+
+def configure_logging(settings: Settings) -> None:
+    """Log records to stderr at GATEWAY_LOG_LEVEL (every gateway process)."""
+    logging.basicConfig(
+        level=settings.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
 
 
 def services_for(prepared: Prepared) -> Services:

@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.db import create_engine, session_factory
+from gateway.keycache import KeyCache, database_lookup
 from gateway.settings import Settings
 from retry.breaker import breaker_readiness, build_breaker
 from retry.ratelimit import build_limiter
@@ -53,6 +54,13 @@ class Services:
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # Per-package services, keyed by package name (filled by build_services).
     extra: dict[str, Any] = field(default_factory=dict)
+    # API keys by secret hash, cached for a few seconds (what the auth guard asks).
+    api_keys: KeyCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.api_keys = KeyCache(
+            database_lookup(self.engine), ttl=self.settings.api_key_cache_seconds
+        )
 
     async def close(self) -> None:
         """Release every resource (closers first, then Redis and the engine)."""

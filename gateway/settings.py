@@ -68,6 +68,9 @@ class Settings:
     # Optional `mailto:` URI added to List-Unsubscribe next to the one-click HTTPS URL.
     unsubscribe_mailto: str | None = None
     log_level: str = "INFO"
+    # How long an API-key look-up is reused in a process (0: look every request up); a key
+    # revoked by another process stops working here within this time.
+    api_key_cache_seconds: float = 5.0
     retry: RetrySettings = field(default_factory=RetrySettings)
     # Feedback path (webhooks package): soft bounces, feedback retry cap, classification.
     webhooks: WebhookSettings = field(default_factory=WebhookSettings)
@@ -319,6 +322,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         sns_max_age_seconds=_number(env, "GATEWAY_SNS_MAX_AGE_SECONDS", 3600.0, float, 1.0),
         unsubscribe_mailto=_mailto(env, "GATEWAY_UNSUBSCRIBE_MAILTO"),
         log_level=_choice(env, "GATEWAY_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR")),
+        api_key_cache_seconds=_number(env, "GATEWAY_API_KEY_CACHE_SECONDS", 5.0, float, 0.0),
         retry=_retry(env),
         webhooks=_webhooks(env),
         send_error_overrides=_parsed(env, "GATEWAY_SEND_ERROR_OVERRIDES", parse_overrides, {}),

@@ -195,7 +195,11 @@ def settle_reason(
     """
     if expires_at is not None and expires_at <= now:
         return "expired"
-    if outcome_unknown and not transactional and settings.unknown_outcome_marketing == "dead_letter":
+    if (
+        outcome_unknown
+        and not transactional
+        and settings.unknown_outcome_marketing == "dead_letter"
+    ):
         return "unknown_outcome"
     if held_to_budget and attempts_made >= backoff.max_attempts:
         return "max_attempts"
