@@ -115,7 +115,7 @@ def build_services(settings: Settings, database_url: str) -> Services:
 
     # webhooks: feedback processing (the endpoints and the sandbox providers' callbacks).
     ingestor = FeedbackIngestor(
-        sessions,
+        engine,
         protector,
         settings.webhooks,
         retry=settings.retry,

@@ -1,24 +1,32 @@
-"""The feedback path after verification: store once, correlate, advance, classify, act.
+"""The feedback path after verification: correlate, advance, classify, act, store once.
 
 `FeedbackIngestor` takes verified provider payloads (the HTTP endpoints and the sandbox
-providers call it) and, in one short transaction per callback:
+providers call it) and, per callback:
 
 1. parses them into normalized events (one per recipient);
-2. claims each event once in the event store (`webhooks.store.claim`); a copy that was
-   already stored is a ``duplicate`` and does nothing else;
-3. correlates it to an attempt and its delivery: by provider message id, else by the
-   delivery id / derived key the send attached (SES tag or header, Twilio ``d``). A
-   callback for an attempt whose outcome is ``unknown`` settles it (``accepted`` with that
-   provider id). Nothing known yet (the callback beat the send's commit): ``parked``,
-   applied by `apply_parked` once the send recorded the provider id, or when the next event
-   for the same message arrives;
+2. asks the event store, in one autocommit statement, which are stored already: an exact
+   duplicate costs that one round trip and is answered ``duplicate``;
+3. in one transaction on an asyncpg connection, for each new event: correlates it to an
+   attempt and its delivery through the delivery log (`sender.log`), locking them: by
+   provider message id, else by the delivery id / derived key the send attached (SES tag or
+   header, Twilio ``d``). A callback for an attempt whose outcome is ``unknown`` settles it
+   (``accepted`` with that provider id). Nothing known yet (the callback beat the send's
+   commit): ``parked``, applied by `apply_parked` once the send recorded the provider id, or
+   when the next event for the same message arrives; parked while the delivery's call is in
+   flight, the delivery is flagged (`sender.log.note_parked`) so the send path applies it;
 4. advances the attempt and the delivery by the pure state machine (`webhooks.state`):
    ``applied``, or ``duplicate``/``regression`` when it does not advance;
 5. acts on the classification (`webhooks.classify`) of the *address*, whatever the
    delivery: suppression (hard bounce, complaint, STOP, invalid number, topic
    unsubscribes), soft-bounce counting, provider flagging. A transient failure of the
-   delivery's latest attempt only schedules the bounded retry (or dead-letters it when the
-   budget or deadline is spent): no callback ever sends anything itself.
+   delivery's latest attempt only schedules the bounded retry (`retry.policy.decide`), or
+   dead-letters it when the budget or deadline is spent: no callback ever sends anything;
+6. stores the event with what was done with it (`webhooks.store.insert`, ON CONFLICT DO
+   NOTHING) and commits. A concurrent copy that got there first makes the insert return
+   nothing: the transaction is rolled back and run again, and the copy is a ``duplicate``.
+
+A ``delivered`` callback for a known attempt is thus: the duplicate check, BEGIN, the locked
+look-up, the update of attempt and delivery, the insert, COMMIT.
 
 Events with nothing to apply (engagement, not-spam complaints, unknown types, HELP) are
 recorded as ``ignored``.
@@ -27,6 +35,7 @@ recorded as ``ignored``.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime as dt
 import logging
 import random
@@ -35,31 +44,27 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, exists, func, or_, select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from retry.policy import Backoff, backoff_from_settings, next_attempt_at
+from retry.policy import Action, Backoff, Failure, backoff_from_settings, decide
 from retry.settings import RetrySettings
 from sender import log as dlog
-from sender.models import Attempt, Delivery
 from sender.status import (
     BOUNCED,
     COMPLAINED,
     DEAD,
     FAILED,
     GATEWAY_STATES,
-    RANK_PRIORITY,
     RETRYING,
     AttemptStatus,
 )
 from suppression import service
 from suppression.crypto import AddressProtector, InvalidToken
-from suppression.db import pg_of, utcnow
+from suppression.db import Pg, pg_connection, utcnow
 from suppression.normalize import Address
 from webhooks import ses, store, twilio
 from webhooks.classify import OUTCOMES, Classification, Outcome, classify
 from webhooks.events import FeedbackEvent, storable
-from webhooks.models import ProviderEvent
 from webhooks.settings import WebhookSettings
 from webhooks.state import (
     APPLIED,
@@ -87,16 +92,26 @@ AccountProblemHook = Callable[[str, str], Awaitable[None]]
 # besides every topic it lists (DESIGN "Scope": an unsubscribe defaults to `marketing`).
 DEFAULT_TOPIC = "marketing"
 _FAILURE_STATES = frozenset({BOUNCED, COMPLAINED, FAILED, TRANSIENT})
+# A batch whose insert met a concurrent copy is run again; each run sees more copies stored.
+_MAX_RUNS = 5
+
+
+class _Raced(Exception):
+    """An event was stored by a concurrent copy while this transaction applied it."""
 
 
 @dataclass
 class _Target:
     """Where an event lands: a delivery and (usually) one of its attempts, or nowhere yet."""
 
-    delivery: Delivery | None = None
-    attempt: Attempt | None = None
-    # Set when the event must wait (parked) although its delivery is already known.
+    delivery: dlog.DeliveryRow | None = None
+    attempt: dlog.AttemptRow | None = None
+    # The delivery's highest attempt number (None: no attempt).
+    latest: int | None = None
+    # Set when the event must wait (parked) although its delivery is already known;
+    # `in_flight` when that is because the delivery's call is in flight.
     parked_delivery_id: uuid.UUID | None = None
+    in_flight: bool = False
 
     @property
     def parked(self) -> bool:
@@ -111,12 +126,28 @@ class _Target:
         return self.attempt.id if self.attempt is not None else None
 
 
+def _target(located: dlog.Located | None) -> _Target | None:
+    if located is None:
+        return None
+    return _Target(located.delivery, located.attempt, located.latest_number)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """An incoming event with what is computed before any I/O."""
+
+    event: FeedbackEvent
+    classification: Classification
+    recipient_hash: str | None
+    details: dict[str, Any]
+
+
 class FeedbackIngestor:
     """Stores, correlates and applies verified provider feedback (see the module docstring)."""
 
     def __init__(
         self,
-        sessions: async_sessionmaker[AsyncSession],
+        engine: AsyncEngine,
         protector: AddressProtector,
         settings: WebhookSettings,
         *,
@@ -126,7 +157,7 @@ class FeedbackIngestor:
         clock: Callable[[], dt.datetime] = utcnow,
         rng: random.Random | None = None,
     ) -> None:
-        self._sessions = sessions
+        self._engine = engine
         self._protector = protector
         self._settings = settings
         self._retry = retry
@@ -170,13 +201,40 @@ class FeedbackIngestor:
 
     async def ingest(self, events: Sequence[FeedbackEvent]) -> list[str]:
         """Apply normalized events in one transaction; one disposition per event."""
+        prepared = [self._prepare(storable(event)) for event in events]
         flags: list[tuple[str, str]] = []
-        events = [storable(event) for event in events]
-        async with self._sessions() as session:
-            dispositions = [await self._one(session, event, flags) for event in events]
-            await session.commit()
-        for event, disposition in zip(events, dispositions, strict=True):
-            EVENTS[(event.provider, disposition)] += 1
+        counts: list[tuple[str, str]] = []
+        dispositions: list[str] = []
+        async with pg_connection(self._engine) as pg:
+            for _ in range(_MAX_RUNS):
+                flags, counts = [], []
+                seen = await store.seen(pg, [p.event for p in prepared])
+                dispositions = [DUPLICATE if s.stored else "" for s in seen]
+                ids = set()
+                for i, p in enumerate(prepared):
+                    # Two copies of one event in one payload: the second is a duplicate.
+                    key = (p.event.provider, p.event.provider_event_id)
+                    if key in ids:
+                        dispositions[i] = DUPLICATE
+                    ids.add(key)
+                if all(dispositions):
+                    break
+                try:
+                    async with pg.transaction():
+                        for i, p in enumerate(prepared):
+                            if not dispositions[i]:
+                                dispositions[i] = await self._one(
+                                    pg, p, seen[i].parked_waiting, flags, counts
+                                )
+                    break
+                except _Raced:
+                    continue
+            else:  # pragma: no cover - every run stores or sees at least one more copy
+                raise RuntimeError("feedback batch kept racing with concurrent copies")
+        for provider, disposition in counts:
+            EVENTS[(provider, disposition)] += 1
+        for p, disposition in zip(prepared, dispositions, strict=True):
+            EVENTS[(p.event.provider, disposition)] += 1
         await self._flag(flags)
         return dispositions
 
@@ -186,16 +244,16 @@ class FeedbackIngestor:
         Returns `disposition`, or ``duplicate`` when it was stored before.
         """
         event = storable(event)
-        async with self._sessions() as session:
-            row_id = await store.claim(
-                session,
-                self._protector,
+        async with pg_connection(self._engine) as pg:
+            row_id = await store.insert(
+                pg,
                 event,
                 recipient_hash=None,
                 details={**event.details, store.CHANNEL_KEY: event.channel},
                 disposition=disposition,
+                payload_encrypted=store.encrypted_payload(self._protector, event),
+                received_at=utcnow(),
             )
-            await session.commit()
         result = disposition if row_id is not None else DUPLICATE
         EVENTS[(event.provider, result)] += 1
         return result
@@ -203,131 +261,153 @@ class FeedbackIngestor:
     async def apply_parked(self, provider: str, provider_message_id: str) -> int:
         """Apply the events parked for a provider message id; how many were applied.
 
-        The send path calls this after it committed the provider message id of an attempt.
+        The send path may call this after it committed the provider message id of an
+        attempt; without parked events it costs one autocommit look-up.
         """
-        async with self._sessions() as session:
-            rows = await store.parked(
-                session, provider=provider, provider_message_id=provider_message_id
-            )
-            applied = await self._apply_rows(session, rows)
-            await session.commit()
-        return applied
+        return await self._apply_parked(provider=provider, provider_message_id=provider_message_id)
 
     async def apply_parked_for_delivery(self, delivery_id: uuid.UUID) -> int:
         """Apply the events parked for a delivery that was known but mid-send at the time.
 
-        For the send path after it recorded an attempt's outcome *without* a provider id
-        (``unknown``): a callback that arrived during the call then settles that attempt.
+        For the send path after it recorded an attempt's outcome and was told that feedback
+        is parked for the delivery (`sender.log.note_parked`): a callback that arrived during
+        the call then settles or advances that attempt.
         """
-        async with self._sessions() as session:
-            rows = await store.parked(session, delivery_id=delivery_id)
-            applied = await self._apply_rows(session, rows)
-            await session.commit()
+        return await self._apply_parked(delivery_id=delivery_id)
+
+    async def _apply_parked(
+        self,
+        *,
+        provider: str | None = None,
+        provider_message_id: str | None = None,
+        delivery_id: uuid.UUID | None = None,
+    ) -> int:
+        counts: list[tuple[str, str]] = []
+        async with pg_connection(self._engine) as pg:
+            if not await store.any_parked(
+                pg,
+                provider=provider,
+                provider_message_id=provider_message_id,
+                delivery_id=delivery_id,
+            ):
+                return 0
+            async with pg.transaction():
+                rows = await store.parked(
+                    pg,
+                    provider=provider,
+                    provider_message_id=provider_message_id,
+                    delivery_id=delivery_id,
+                )
+                applied = await self._apply_rows(pg, rows, counts)
+        for key in counts:
+            EVENTS[key] += 1
         return applied
 
-    async def sweep_parked(self, limit: int = 500, max_age_seconds: float = 86400.0) -> int:
+    async def sweep_parked(
+        self, limit: int = 500, max_age_seconds: float = 86400.0, scan: int = 5000
+    ) -> int:
         """Apply parked events that can be correlated now; how many were applied.
 
-        Picks recent parked events whose provider message id has become known, or whose
-        delivery no longer has a call in flight (its attempt may now be settled). Closes the
-        window where an event was parked while the send committed concurrently, and covers
-        a send path that never called `apply_parked`; a periodic job may call it.
+        Picks recent parked events (up to `scan` of them, oldest first) whose provider message
+        id has become known, or whose delivery no longer has a call in flight (its attempt
+        may now be settled). Closes the window where an event was parked while the send
+        committed concurrently, and covers a send path that never called `apply_parked`; a
+        periodic job may call it.
         """
         since = self._clock() - dt.timedelta(seconds=max_age_seconds)
-        pmid = ProviderEvent.provider_message_id
-        in_flight = exists().where(
-            Attempt.delivery_id == ProviderEvent.delivery_id,
-            Attempt.status == AttemptStatus.IN_PROGRESS.value,
-        )
-        async with self._sessions() as session:
-            rows = list(
-                await session.scalars(
-                    select(ProviderEvent)
-                    .where(
-                        ProviderEvent.disposition == PARKED,
-                        ProviderEvent.received_at >= since,
-                        or_(
-                            exists().where(Attempt.provider_message_id == pmid),
-                            exists().where(Delivery.provider_message_id == pmid),
-                            and_(ProviderEvent.delivery_id.is_not(None), ~in_flight),
-                        ),
-                    )
-                    .order_by(ProviderEvent.received_at)
-                    .limit(limit)
-                    .with_for_update(skip_locked=True)
-                )
-            )
-            applied = await self._apply_rows(session, rows)
-            await session.commit()
+        counts: list[tuple[str, str]] = []
+        async with pg_connection(self._engine) as pg:
+            candidates = await store.parked_since(pg, since, limit=scan)
+            if not candidates:
+                return 0
+            pmids = sorted({c.provider_message_id for c in candidates if c.provider_message_id})
+            known = await dlog.known_provider_ids(pg, pmids) if pmids else set()
+            delivery_ids = sorted({c.delivery_id for c in candidates if c.delivery_id})
+            idle = await dlog.without_call_in_flight(pg, delivery_ids) if delivery_ids else set()
+            ready = [
+                c.id for c in candidates if c.provider_message_id in known or c.delivery_id in idle
+            ][:limit]
+            if not ready:
+                return 0
+            async with pg.transaction():
+                rows = await store.parked(pg, ids=ready, limit=limit)
+                applied = await self._apply_rows(pg, rows, counts)
+        for key in counts:
+            EVENTS[key] += 1
         return applied
 
     # ---- one event ---------------------------------------------------------------------
 
-    async def _one(
-        self, session: AsyncSession, event: FeedbackEvent, flags: list[tuple[str, str]]
-    ) -> str:
+    def _prepare(self, event: FeedbackEvent) -> _Prepared:
         classification = classify(event, self._settings.classification_overrides)
-        outcome = classification.outcome
         recipient_hash = (
             self._protector.hash(event.channel, event.recipient.key) if event.recipient else None
         )
         details: dict[str, Any] = {
             **event.details,
             store.CHANNEL_KEY: event.channel,
-            store.OUTCOME_KEY: outcome.name,
+            store.OUTCOME_KEY: classification.outcome.name,
             store.RULE_KEY: classification.rule,
         }
         if event.delivery_ref:
             details[store.REF_KEY] = event.delivery_ref[:128]
-        row_id = await store.claim(
-            session,
-            self._protector,
+        return _Prepared(event, classification, recipient_hash, details)
+
+    async def _one(
+        self,
+        pg: Pg,
+        prepared: _Prepared,
+        parked_waiting: bool,
+        flags: list[tuple[str, str]],
+        counts: list[tuple[str, str]],
+    ) -> str:
+        event, classification = prepared.event, prepared.classification
+        recipient_hash = prepared.recipient_hash
+        outcome = classification.outcome
+        now = self._clock()
+        received_at = utcnow()
+        target = _Target()
+        if outcome.name == "inbound":
+            disposition = await self._inbound(pg, event, recipient_hash, now)
+        else:
+            if outcome.state is not None:
+                target = await self._correlate(pg, event)
+                if target.parked:
+                    disposition = PARKED
+                    if target.in_flight and target.parked_delivery_id is not None:
+                        # Known delivery, call in flight: the send path applies it after
+                        # recording the call's outcome.
+                        await dlog.note_parked(pg, target.parked_delivery_id)
+                elif not self._matches(event, recipient_hash, target):
+                    disposition = IGNORED
+                else:
+                    # Events parked earlier for this message arrived first: apply them first.
+                    if parked_waiting and await self._drain(pg, event, target, counts):
+                        target = await self._correlate(pg, event)  # after their writes
+                    disposition = await self._advance(pg, event, classification, target, now)
+            else:
+                target = await self._lookup(pg, event)
+                disposition = IGNORED
+            address = event.recipient or self._delivery_address(target)
+            when = event.occurred_at or received_at
+            changed = await self._address_effects(pg, event, outcome, address, target, now, when)
+            if outcome.flag_provider:
+                flags.append((event.provider, classification.rule))
+            if changed and disposition in (IGNORED, DUPLICATE, REGRESSION):
+                disposition = APPLIED
+        row_id = await store.insert(
+            pg,
             event,
             recipient_hash=recipient_hash,
-            details=details,
-            disposition=IGNORED,
-        )
-        if row_id is None:
-            return DUPLICATE
-        now = self._clock()
-        if outcome.name == "inbound":
-            disposition = await self._inbound(session, event, recipient_hash, now)
-            await store.finish(
-                session, row_id, disposition=disposition, delivery_id=None, attempt_id=None
-            )
-            return disposition
-
-        if outcome.state is not None:
-            target = await self._correlate(session, event)
-            if target.parked:
-                disposition = PARKED
-            elif not self._matches(event, recipient_hash, target):
-                disposition = IGNORED
-            else:
-                # Events parked earlier for this message arrived first: apply them first.
-                if await self._drain(session, event, target):
-                    target = await self._correlate(session, event)  # refresh after their writes
-                disposition = await self._advance(session, event, classification, target, now)
-        else:
-            target = await self._lookup(session, event)
-            disposition = IGNORED
-
-        address = event.recipient or self._delivery_address(target)
-        changed = await self._address_effects(session, event, outcome, address, target, now)
-        if outcome.flag_provider:
-            flags.append((event.provider, classification.rule))
-        if changed and disposition in (IGNORED, DUPLICATE, REGRESSION):
-            disposition = APPLIED
-        await store.finish(
-            session,
-            row_id,
+            details=prepared.details,
             disposition=disposition,
+            payload_encrypted=await self._payload(pg, event, recipient_hash, target),
+            received_at=received_at,
             delivery_id=target.delivery_id,
             attempt_id=target.attempt_id,
         )
-        if disposition == PARKED and target.parked_delivery_id is not None:
-            # Its call is in flight: the send path applies it right after recording.
-            await dlog.note_parked(await pg_of(session), target.parked_delivery_id)
+        if row_id is None:
+            raise _Raced
         if disposition == PARKED:
             log.info(
                 "parked %s event %s for unknown message %s",
@@ -337,40 +417,50 @@ class FeedbackIngestor:
             )
         return disposition
 
+    async def _payload(
+        self, pg: Pg, event: FeedbackEvent, recipient_hash: str | None, target: _Target
+    ) -> str | None:
+        """The encrypted raw payload to store, None for a person whose data was erased."""
+        if event.raw is None:
+            return None
+        delivery = target.delivery
+        erased = False
+        if recipient_hash is not None and not (
+            # Erasure deletes a delivery's ciphertext: a delivery to this address that still
+            # has it proves the person was not erased, without asking the history.
+            delivery is not None
+            and delivery.recipient_hash == recipient_hash
+            and delivery.recipient_encrypted
+        ):
+            erased = bool(await service.erased_hashes(pg, [(event.channel, recipient_hash)]))
+        return None if erased else store.encrypted_payload(self._protector, event)
+
     # ---- correlation -------------------------------------------------------------------
 
-    async def _correlate(self, session: AsyncSession, event: FeedbackEvent) -> _Target:
+    async def _correlate(self, pg: Pg, event: FeedbackEvent) -> _Target:
         """Find and lock the event's delivery (then attempt); settle an unknown attempt."""
         pmid = event.provider_message_id
         if pmid:
-            target = await self._by_provider_id(session, pmid)
-            if target is not None:
-                return target
+            found = _target(await dlog.by_provider_id(pg, pmid, lock=True))
+            if found is not None:
+                return found
         if not event.delivery_ref:
             return _Target()
-        delivery = await self._lock_delivery_by_ref(session, event.delivery_ref)
-        if delivery is None:
+        located = await dlog.by_ref(pg, event.delivery_ref, lock=True)
+        if located is None:
             return _Target()
-        attempts = list(
-            await session.scalars(
-                select(Attempt)
-                .where(Attempt.delivery_id == delivery.id)
-                .order_by(Attempt.number)
-                .with_for_update()
-                .execution_options(populate_existing=True)
-            )
-        )
+        delivery, attempts = located.delivery, located.attempts
         if not pmid:
-            return _Target(delivery, attempts[-1] if attempts else None)
+            return _Target(delivery, located.attempt, located.latest_number)
         for attempt in attempts:
             # The send may have committed the id while we waited for the delivery lock.
             if attempt.provider_message_id == pmid:
-                return _Target(delivery, attempt)
+                return _Target(delivery, attempt, located.latest_number)
         if delivery.provider_message_id == pmid:
-            return _Target(delivery, None)
+            return _Target(delivery, None, located.latest_number)
         if any(a.status == AttemptStatus.IN_PROGRESS for a in attempts):
             # A call is in flight: the id may be its own. Wait for the send to record it.
-            return _Target(parked_delivery_id=delivery.id)
+            return _Target(parked_delivery_id=delivery.id, in_flight=True)
         settle = _settle_candidate(attempts)
         if settle is None:
             return _Target(parked_delivery_id=delivery.id)
@@ -381,70 +471,25 @@ class FeedbackIngestor:
             delivery.id,
             settle.status,
         )
-        settle.status = AttemptStatus.ACCEPTED.value
-        settle.provider_message_id = pmid
+        await dlog.settle_attempt(pg, settle.id, delivery.id, pmid)
+        settled = dataclasses.replace(
+            settle, status=AttemptStatus.ACCEPTED.value, provider_message_id=pmid
+        )
         if delivery.provider_message_id is None:
-            delivery.provider_message_id = pmid
-        await session.flush()
-        return _Target(delivery, settle)
+            delivery = dataclasses.replace(delivery, provider_message_id=pmid)
+        return _Target(delivery, settled, located.latest_number)
 
-    async def _by_provider_id(self, session: AsyncSession, pmid: str) -> _Target | None:
-        delivery_id = await session.scalar(
-            select(Attempt.delivery_id).where(Attempt.provider_message_id == pmid)
-        )
-        if delivery_id is not None:
-            delivery = await session.scalar(
-                select(Delivery)
-                .where(Delivery.id == delivery_id)
-                .with_for_update()
-                .execution_options(populate_existing=True)
-            )
-            attempt = await session.scalar(
-                select(Attempt)
-                .where(Attempt.provider_message_id == pmid)
-                .with_for_update()
-                .execution_options(populate_existing=True)
-            )
-            if delivery is not None and attempt is not None:
-                return _Target(delivery, attempt)
-        delivery = await session.scalar(
-            select(Delivery)
-            .where(Delivery.provider_message_id == pmid)
-            .with_for_update()
-            .execution_options(populate_existing=True)
-        )
-        return _Target(delivery, None) if delivery is not None else None
-
-    async def _lock_delivery_by_ref(self, session: AsyncSession, ref: str) -> Delivery | None:
-        return await session.scalar(
-            select(Delivery)
-            .where(_ref_condition(ref))
-            .limit(1)
-            .with_for_update()
-            .execution_options(populate_existing=True)
-        )
-
-    async def _lookup(self, session: AsyncSession, event: FeedbackEvent) -> _Target:
+    async def _lookup(self, pg: Pg, event: FeedbackEvent) -> _Target:
         """Correlation without locks or side effects, to link events that apply nothing."""
         pmid = event.provider_message_id
         if pmid:
-            attempt = await session.scalar(
-                select(Attempt).where(Attempt.provider_message_id == pmid)
-            )
-            if attempt is not None:
-                delivery = await session.get(Delivery, attempt.delivery_id)
-                return _Target(delivery, attempt)
-            delivery = await session.scalar(
-                select(Delivery).where(Delivery.provider_message_id == pmid)
-            )
-            if delivery is not None:
-                return _Target(delivery, None)
+            found = _target(await dlog.by_provider_id(pg, pmid, lock=False))
+            if found is not None:
+                return found
         if event.delivery_ref:
-            delivery = await session.scalar(
-                select(Delivery).where(_ref_condition(event.delivery_ref)).limit(1)
-            )
-            if delivery is not None:
-                return _Target(delivery, None)
+            located = await dlog.by_ref(pg, event.delivery_ref, lock=False)
+            if located is not None:
+                return _Target(located.delivery, None, located.latest_number)
         return _Target()
 
     def _matches(self, event: FeedbackEvent, recipient_hash: str | None, target: _Target) -> bool:
@@ -468,7 +513,7 @@ class FeedbackIngestor:
 
     async def _advance(
         self,
-        session: AsyncSession,
+        pg: Pg,
         event: FeedbackEvent,
         classification: Classification,
         target: _Target,
@@ -480,24 +525,23 @@ class FeedbackIngestor:
         attempt = target.attempt
         if attempt is not None:
             current = attempt.provider_status
-            latest_number = await session.scalar(
-                select(func.max(Attempt.number)).where(Attempt.delivery_id == delivery.id)
-            )
-            latest = attempt.number == latest_number
+            latest = attempt.number == target.latest
         else:
             current = provider_state(delivery.channel, delivery.status)
             latest = True
-        retry_at = None
-        backoff = self._backoff_for(delivery)
+        decision = None
         if outcome.state == TRANSIENT:
-            retry_at = next_attempt_at(
-                backoff,
-                delivery.attempts,
-                now,
+            backoff = self._backoff_for(delivery)
+            decision = decide(
+                Failure.TRANSIENT,
+                backoff=backoff,
+                attempts_made=delivery.attempts,
+                now=now,
                 expires_at=delivery.expires_at,
-                rng=self._rng,
+                settings=self._retry,
                 # Feedback retries start at the feedback base: the provider already retried.
                 retry_after=backoff.base_seconds,
+                rng=self._rng,
             )
         result = step(
             delivery.channel,
@@ -505,59 +549,49 @@ class FeedbackIngestor:
             delivery_status=delivery.status,
             new_state=outcome.state,
             latest=latest,
-            can_retry=retry_at is not None,
+            can_retry=decision is not None and decision.action is Action.RETRY,
         )
         if result.disposition != APPLIED:
             return result.disposition
         error = _describe(event, classification) if outcome.state in _FAILURE_STATES else None
+        change = dlog.Advance(delivery.id)
         if attempt is not None:
-            attempt.provider_status = result.attempt_state
-            if error is not None and event.error_code:
-                attempt.error_code = event.error_code[:64]
+            error_code = event.error_code[:64] if error is not None and event.error_code else None
+            change = dlog.Advance(
+                delivery.id, attempt.id, attempt_state=result.attempt_state, error_code=error_code
+            )
         new_status = result.delivery_status
-        if new_status is None:
-            await session.flush()
-            return APPLIED
         if new_status == RETRYING:
-            assert retry_at is not None
-            await session.flush()
-            await dlog.schedule(
-                await pg_of(session),
-                delivery.id,
-                at=retry_at,
+            assert decision is not None and decision.at is not None
+            change = dataclasses.replace(
+                change,
                 status=RETRYING,
                 reason=outcome.name,
+                set_reason=True,
                 last_error=error,
-                now=now,
+                next_attempt_at=decision.at,
             )
-        elif new_status == DEAD:
-            await session.flush()
-            exhausted = delivery.attempts >= backoff.max_attempts
+        elif new_status is not None and new_status != DEAD:
+            change = dataclasses.replace(change, status=new_status, unschedule=result.cancel_retry)
+            if new_status not in POSITIVE:
+                change = dataclasses.replace(
+                    change, reason=outcome.name, set_reason=True, last_error=error
+                )
+            elif delivery.status in GATEWAY_STATES:
+                change = dataclasses.replace(change, reason=None, set_reason=True)
+        if change.attempt_id is not None or change.status is not None:
+            await dlog.apply_feedback(pg, change, now=now)
+        if new_status == DEAD:
+            assert decision is not None and decision.dead_reason is not None
             await dlog.dead_letter(
-                await pg_of(session),
-                delivery.id,
-                reason="max_attempts" if exhausted else "expired",
-                last_error=error,
-                now=now,
+                pg, delivery.id, reason=decision.dead_reason, last_error=error, now=now
             )
-        else:
-            if new_status in POSITIVE:
-                if delivery.status in GATEWAY_STATES:
-                    delivery.reason = None
-            else:
-                delivery.reason = outcome.name
-                delivery.last_error = error
-            delivery.status = new_status
-            await session.flush()
-            if result.cancel_retry:
-                await dlog.unschedule(await pg_of(session), delivery.id)
         return APPLIED
 
-    def _backoff_for(self, delivery: Delivery) -> Backoff:
+    def _backoff_for(self, delivery: dlog.DeliveryRow) -> Backoff:
         """The feedback backoff of a delivery: the attempt budget of its channel and
         priority (GATEWAY_RETRY_POLICIES), the feedback base and a longer cap."""
-        priority = RANK_PRIORITY.get(delivery.priority_rank, "normal")
-        policy = backoff_from_settings(self._retry, delivery.channel, priority)
+        policy = backoff_from_settings(self._retry, delivery.channel, delivery.priority)
         return Backoff(
             base_seconds=self._retry.feedback_base_seconds,
             max_seconds=max(
@@ -568,17 +602,21 @@ class FeedbackIngestor:
             max_attempts=policy.max_attempts,
         )
 
-    async def _drain(self, session: AsyncSession, event: FeedbackEvent, target: _Target) -> int:
+    async def _drain(
+        self, pg: Pg, event: FeedbackEvent, target: _Target, counts: list[tuple[str, str]]
+    ) -> int:
         """Apply events parked earlier for the same message or delivery (now correlated)."""
         rows = await store.parked(
-            session,
+            pg,
             provider=event.provider,
             provider_message_id=event.provider_message_id,
             delivery_id=target.delivery_id,
         )
-        return await self._apply_rows(session, rows) if rows else 0
+        return await self._apply_rows(pg, rows, counts) if rows else 0
 
-    async def _apply_rows(self, session: AsyncSession, rows: Sequence[ProviderEvent]) -> int:
+    async def _apply_rows(
+        self, pg: Pg, rows: Sequence[store.StoredEvent], counts: list[tuple[str, str]]
+    ) -> int:
         applied = 0
         now = self._clock()
         for row in rows:
@@ -589,10 +627,18 @@ class FeedbackIngestor:
                 if stored is not None
                 else classify(event, self._settings.classification_overrides)
             )
-            target = await self._correlate(session, event)
+            target = await self._correlate(pg, event)
             if target.parked:
+                if target.in_flight and target.parked_delivery_id is not None:
+                    await dlog.note_parked(pg, target.parked_delivery_id)
                 if target.parked_delivery_id is not None and row.delivery_id is None:
-                    row.delivery_id = target.parked_delivery_id
+                    await store.finish(
+                        pg,
+                        row.id,
+                        disposition=PARKED,
+                        delivery_id=target.parked_delivery_id,
+                        attempt_id=None,
+                    )
                 continue
             if (
                 row.recipient_hash is not None
@@ -601,13 +647,16 @@ class FeedbackIngestor:
             ):
                 disposition = IGNORED
             else:
-                disposition = await self._advance(session, event, classification, target, now)
-            row.disposition = disposition
-            row.delivery_id = target.delivery_id
-            row.attempt_id = target.attempt_id
+                disposition = await self._advance(pg, event, classification, target, now)
+            await store.finish(
+                pg,
+                row.id,
+                disposition=disposition,
+                delivery_id=target.delivery_id,
+                attempt_id=target.attempt_id,
+            )
             applied += 1
-            EVENTS[(row.provider, disposition)] += 1
-        await session.flush()
+            counts.append((row.provider, disposition))
         return applied
 
     # ---- address-level effects ---------------------------------------------------------
@@ -624,14 +673,20 @@ class FeedbackIngestor:
 
     async def _address_effects(
         self,
-        session: AsyncSession,
+        pg: Pg,
         event: FeedbackEvent,
         outcome: Outcome,
         address: Address | None,
         target: _Target,
         now: dt.datetime,
+        when: dt.datetime,
     ) -> bool:
         if address is None or address.channel != event.channel:
+            return False
+        wants_suppression = outcome.suppression is not None and not (
+            outcome.suppression == "sms_stop" and address.channel != "sms"
+        )
+        if not (wants_suppression or outcome.soft_bounce or outcome.name == "subscription"):
             return False
         source = service.Source(
             "provider_event",
@@ -640,38 +695,43 @@ class FeedbackIngestor:
             evidence=_evidence(event, outcome, now),
         )
         changed = False
-        if outcome.suppression is not None and not (
-            outcome.suppression == "sms_stop" and address.channel != "sms"
-        ):
+        if wants_suppression:
+            assert outcome.suppression is not None
             _, created = await service.add(
-                session, self._protector, address, reason=outcome.suppression, source=source
+                pg, self._protector, address, reason=outcome.suppression, source=source
             )
             changed = created
         if outcome.soft_bounce:
-            changed = await self._soft_bounce(session, address, source, now) or changed
+            changed = await self._soft_bounce(pg, address, source, now, when) or changed
         if outcome.name == "subscription":
-            changed = await self._subscription(session, event, address, source, target) or changed
+            changed = await self._subscription(pg, event, address, source, target) or changed
         return changed
 
     async def _soft_bounce(
-        self, session: AsyncSession, address: Address, source: service.Source, now: dt.datetime
+        self,
+        pg: Pg,
+        address: Address,
+        source: service.Source,
+        now: dt.datetime,
+        when: dt.datetime,
     ) -> bool:
         settings = self._settings
         address_hash = self._protector.hash(address.channel, address.key)
         # Serialize counting per address so two concurrent bounces cannot both miss the mark.
-        await session.execute(select(func.pg_advisory_xact_lock(func.hashtext(address_hash))))
+        await store.lock_address(pg, address_hash)
         count = await store.count_soft_bounces(
-            session,
+            pg,
             address_hash,
             since=now - dt.timedelta(seconds=settings.soft_bounce_window_seconds),
+            pending=when,  # this bounce: stored after it was applied
         )
         if count < settings.soft_bounce_threshold:
             return False
-        if await service.check(session, address.channel, address_hash, now=now) is not None:
+        if await service.check(pg, address.channel, address_hash, now=now) is not None:
             return False
         evidence = {**source.evidence, "soft_bounces": count}
         _, created = await service.add(
-            session,
+            pg,
             self._protector,
             address,
             reason="soft_bounce",
@@ -682,7 +742,7 @@ class FeedbackIngestor:
 
     async def _subscription(
         self,
-        session: AsyncSession,
+        pg: Pg,
         event: FeedbackEvent,
         address: Address,
         source: service.Source,
@@ -707,14 +767,19 @@ class FeedbackIngestor:
                 log.warning("SES subscription event with an unusable topic name: skipped")
                 continue
             _, created = await service.add(
-                session, self._protector, address, reason="unsubscribe", source=source, scope=scope
+                pg,
+                self._protector,
+                address,
+                reason="unsubscribe",
+                source=source,
+                scope=scope,
             )
             changed = changed or created
         return changed
 
     async def _inbound(
         self,
-        session: AsyncSession,
+        pg: Pg,
         event: FeedbackEvent,
         recipient_hash: str | None,
         now: dt.datetime,
@@ -738,11 +803,11 @@ class FeedbackIngestor:
         )
         if action == twilio.STOP:
             await service.add(
-                session, self._protector, event.recipient, reason="sms_stop", source=source
+                pg, self._protector, event.recipient, reason="sms_stop", source=source
             )
             return APPLIED
         removed = await service.remove(
-            session,
+            pg,
             event.channel,
             recipient_hash,
             reason=f"opt-in keyword {event.details.get('keyword')} received",
@@ -763,17 +828,7 @@ class FeedbackIngestor:
                 log.exception("account-problem hook failed for %s", provider)
 
 
-def _ref_condition(ref: str) -> Any:
-    """Match a delivery by the ref a payload carries: its id (Twilio ``d``, the SES tag) or
-    its derived key (the SES header)."""
-    by_key = Delivery.derived_key == ref[:64]
-    try:
-        return or_(Delivery.id == uuid.UUID(ref), by_key)
-    except ValueError:
-        return by_key
-
-
-def _settle_candidate(attempts: Sequence[Attempt]) -> Attempt | None:
+def _settle_candidate(attempts: Sequence[dlog.AttemptRow]) -> dlog.AttemptRow | None:
     """The attempt a keyed callback proves was sent: the latest whose outcome was unknown
     and that has no provider id yet."""
     for attempt in reversed(attempts):

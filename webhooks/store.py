@@ -1,9 +1,18 @@
-"""The provider event store: claim each event once, record what was done with it.
+"""The provider event store: every statement on `provider_events` (its one owner).
 
-The claim is one atomic ``INSERT ... ON CONFLICT (provider, provider_event_id) DO NOTHING
-RETURNING id``: of two concurrent copies of one callback, the second waits on the unique
-index until the first commits and then gets nothing back, so exactly one applies effects.
-Callers pass the session and commit.
+Plain SQL on an asyncpg connection (`suppression.db.pg_connection`), like the delivery log:
+the feedback path is a budget of round trips (DESIGN "Hot paths are budgets").
+
+How the feedback path uses it (see `webhooks.ingest`):
+
+* `seen` (autocommit, one statement for a whole callback): which events are stored already
+  (an exact duplicate costs this one round trip and nothing else) and which have events
+  parked for the same message or delivery (only those look them up);
+* `insert`, inside the callback's transaction after the event was applied: one
+  ``INSERT ... ON CONFLICT (provider, provider_event_id) DO NOTHING RETURNING id``. Of two
+  concurrent copies of one callback that both passed `seen`, the second waits on the unique
+  index until the first commits and then gets nothing back: its caller rolls back what it did
+  and answers ``duplicate``, so exactly one copy has effects.
 """
 
 from __future__ import annotations
@@ -11,17 +20,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
-from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncSession
-
-from suppression import service
 from suppression.crypto import AddressProtector
-from suppression.db import new_id, utcnow
+from suppression.db import Pg, jsonb, new_id
 from webhooks.events import FeedbackEvent
-from webhooks.models import ProviderEvent
 from webhooks.state import PARKED
 
 # Keys of `details` that the store adds for re-applying parked events.
@@ -30,98 +35,240 @@ REF_KEY = "delivery_ref"
 OUTCOME_KEY = "outcome"
 RULE_KEY = "rule"
 
+_COLUMNS = (
+    "id, provider, provider_event_id, event_type, provider_message_id, delivery_id, "
+    "recipient_hash, disposition, details, occurred_at, received_at"
+)
 
-async def claim(
-    session: AsyncSession,
-    protector: AddressProtector,
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """A stored event as the parked-event paths need it (columns in `_COLUMNS` order)."""
+
+    id: uuid.UUID
+    provider: str
+    provider_event_id: str
+    event_type: str
+    provider_message_id: str | None
+    delivery_id: uuid.UUID | None
+    recipient_hash: str | None
+    disposition: str
+    details: dict[str, Any]
+    occurred_at: dt.datetime | None
+    received_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What `seen` knows of one incoming event before its transaction."""
+
+    stored: bool
+    # Events are parked for its provider message id or its delivery (when the ref is an id).
+    parked_waiting: bool
+
+
+_SEEN = f"""
+SELECT k.i,
+    EXISTS (SELECT 1 FROM provider_events e
+            WHERE e.provider = k.provider AND e.provider_event_id = k.eid) AS stored,
+    EXISTS (SELECT 1 FROM provider_events e
+            WHERE e.disposition = '{PARKED}' AND (
+                (e.provider_message_id = k.pmid AND e.provider = k.provider)
+                OR e.delivery_id = k.did)) AS parked
+FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[])
+    WITH ORDINALITY AS k(provider, eid, pmid, did, i)
+ORDER BY k.i
+"""
+
+
+async def seen(conn: Pg, events: Sequence[FeedbackEvent]) -> list[Seen]:
+    """For each event: stored already? events parked for its message/delivery? (one
+    statement, no locks)."""
+    rows = await conn.fetch(
+        _SEEN,
+        [e.provider for e in events],
+        [e.provider_event_id for e in events],
+        [e.provider_message_id for e in events],
+        [_ref_id(e.delivery_ref) for e in events],
+    )
+    return [Seen(bool(r["stored"]), bool(r["parked"])) for r in rows]
+
+
+def _ref_id(ref: str | None) -> uuid.UUID | None:
+    """The delivery id a payload's reference names, when it is one (Twilio ``d``, SES tag)."""
+    if not ref:
+        return None
+    try:
+        return uuid.UUID(ref)
+    except ValueError:
+        return None
+
+
+def encrypted_payload(protector: AddressProtector, event: FeedbackEvent) -> str | None:
+    """The raw payload as stored (Fernet ciphertext), None when the event has none."""
+    if event.raw is None:
+        return None
+    return protector.encrypt(json.dumps(event.raw, separators=(",", ":"), default=str))
+
+
+_INSERT = """
+INSERT INTO provider_events (id, provider, provider_event_id, event_type, provider_message_id,
+    recipient_hash, disposition, details, payload_encrypted, occurred_at, received_at,
+    delivery_id, attempt_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12, $13)
+ON CONFLICT ON CONSTRAINT uq_provider_events_provider_event DO NOTHING
+RETURNING id
+"""
+
+
+async def insert(
+    conn: Pg,
     event: FeedbackEvent,
     *,
     recipient_hash: str | None,
     details: dict[str, Any],
     disposition: str,
-    received_at: dt.datetime | None = None,
+    payload_encrypted: str | None,
+    received_at: dt.datetime,
+    delivery_id: uuid.UUID | None = None,
+    attempt_id: uuid.UUID | None = None,
 ) -> uuid.UUID | None:
-    """Store `event` unless already stored; its row id, or None for a duplicate.
+    """Store `event` with what was done with it unless it is stored already; its row id, or
+    None for a duplicate (see the module docstring for concurrent copies).
 
-    The raw payload (which names the recipient) is not kept for a person whose data was
-    erased: a late callback must not bring the address back.
+    The caller decides `payload_encrypted`: None for a person whose data was erased (a late
+    callback must not bring the address back).
     """
-    payload = None
-    if event.raw is not None and not (
-        recipient_hash and await service.erased_hashes(session, [(event.channel, recipient_hash)])
-    ):
-        payload = protector.encrypt(json.dumps(event.raw, separators=(",", ":"), default=str))
-    row_id = await session.scalar(
-        insert(ProviderEvent)
-        .values(
-            id=new_id(),
-            provider=event.provider,
-            provider_event_id=event.provider_event_id,
-            event_type=event.event_type[:32],
-            provider_message_id=event.provider_message_id,
-            recipient_hash=recipient_hash,
-            disposition=disposition,
-            details=details,
-            payload_encrypted=payload,
-            occurred_at=event.occurred_at,
-            received_at=received_at or utcnow(),
-        )
-        .on_conflict_do_nothing(constraint="uq_provider_events_provider_event")
-        .returning(ProviderEvent.id)
+    row_id: uuid.UUID | None = await conn.fetchval(
+        _INSERT,
+        new_id(),
+        event.provider,
+        event.provider_event_id,
+        event.event_type[:32],
+        event.provider_message_id,
+        recipient_hash,
+        disposition,
+        jsonb(details),
+        payload_encrypted,
+        event.occurred_at,
+        received_at,
+        delivery_id,
+        attempt_id,
     )
     return row_id
 
 
 async def finish(
-    session: AsyncSession,
+    conn: Pg,
     row_id: uuid.UUID,
     *,
     disposition: str,
     delivery_id: uuid.UUID | None,
     attempt_id: uuid.UUID | None,
 ) -> None:
-    """Record the disposition and the delivery/attempt an event was correlated to."""
-    await session.execute(
-        update(ProviderEvent)
-        .where(ProviderEvent.id == row_id)
-        .values(disposition=disposition, delivery_id=delivery_id, attempt_id=attempt_id)
+    """Record the disposition and the delivery/attempt a stored (parked) event got."""
+    await conn.execute(
+        "UPDATE provider_events SET disposition = $2, delivery_id = $3, attempt_id = $4 "
+        "WHERE id = $1",
+        row_id,
+        disposition,
+        delivery_id,
+        attempt_id,
     )
 
 
-async def parked(
-    session: AsyncSession,
+def _parked_where(
+    provider: str | None, provider_message_id: str | None, delivery_id: uuid.UUID | None
+) -> tuple[str, list[Any]] | None:
+    conditions: list[str] = []
+    args: list[Any] = []
+    if provider_message_id is not None:
+        args.append(provider_message_id)
+        condition = f"provider_message_id = ${len(args)}"
+        if provider is not None:
+            args.append(provider)
+            condition += f" AND provider = ${len(args)}"
+        conditions.append(f"({condition})")
+    if delivery_id is not None:
+        args.append(delivery_id)
+        conditions.append(f"delivery_id = ${len(args)}")
+    if not conditions:
+        return None
+    return f"disposition = '{PARKED}' AND ({' OR '.join(conditions)})", args
+
+
+async def any_parked(
+    conn: Pg,
     *,
     provider: str | None = None,
     provider_message_id: str | None = None,
     delivery_id: uuid.UUID | None = None,
+) -> bool:
+    """Whether events are parked for a provider message id or a delivery (no lock)."""
+    where = _parked_where(provider, provider_message_id, delivery_id)
+    if where is None:
+        return False
+    found = await conn.fetchval(
+        f"SELECT EXISTS (SELECT 1 FROM provider_events WHERE {where[0]})", *where[1]
+    )
+    return bool(found)
+
+
+async def parked(
+    conn: Pg,
+    *,
+    provider: str | None = None,
+    provider_message_id: str | None = None,
+    delivery_id: uuid.UUID | None = None,
+    ids: Sequence[uuid.UUID] | None = None,
     limit: int = 500,
-) -> list[ProviderEvent]:
-    """Parked events for a provider message id or a delivery, oldest first, locked.
+) -> list[StoredEvent]:
+    """Parked events for a provider message id or a delivery (or these `ids`), oldest first,
+    locked. Run inside a transaction.
 
     Rows another transaction is applying right now are skipped (SKIP LOCKED), so each
     parked event is applied once.
     """
-    conditions = []
-    if provider_message_id is not None:
-        pmid = [ProviderEvent.provider_message_id == provider_message_id]
-        if provider is not None:
-            pmid.append(ProviderEvent.provider == provider)
-        conditions.append(and_(*pmid))
-    if delivery_id is not None:
-        conditions.append(ProviderEvent.delivery_id == delivery_id)
-    if not conditions:
+    if ids is not None:
+        where: tuple[str, list[Any]] | None = (
+            f"disposition = '{PARKED}' AND id = ANY($1::uuid[])",
+            [list(ids)],
+        )
+    else:
+        where = _parked_where(provider, provider_message_id, delivery_id)
+    if where is None:
         return []
-    rows = await session.scalars(
-        select(ProviderEvent)
-        .where(ProviderEvent.disposition == PARKED, or_(*conditions))
-        .order_by(ProviderEvent.received_at, ProviderEvent.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
+    sql, args = where
+    rows = await conn.fetch(
+        f"SELECT {_COLUMNS} FROM provider_events WHERE {sql} "
+        f"ORDER BY received_at, id LIMIT ${len(args) + 1} FOR UPDATE SKIP LOCKED",
+        *args,
+        limit,
     )
-    return list(rows)
+    return [StoredEvent(*r) for r in rows]
 
 
-def rebuild(row: ProviderEvent) -> FeedbackEvent:
+@dataclass(frozen=True, slots=True)
+class ParkedRef:
+    """What the sweeper needs to decide whether a parked event can be applied now."""
+
+    id: uuid.UUID
+    provider_message_id: str | None
+    delivery_id: uuid.UUID | None
+
+
+async def parked_since(conn: Pg, since: dt.datetime, *, limit: int) -> list[ParkedRef]:
+    """Parked events received since `since`, oldest first (no lock)."""
+    rows = await conn.fetch(
+        "SELECT id, provider_message_id, delivery_id FROM provider_events "
+        f"WHERE disposition = '{PARKED}' AND received_at >= $1 ORDER BY received_at, id LIMIT $2",
+        since,
+        limit,
+    )
+    return [ParkedRef(*r) for r in rows]
+
+
+def rebuild(row: StoredEvent) -> FeedbackEvent:
     """The normalized event of a stored row, without recipient and raw payload.
 
     Enough to apply it to a delivery later (parking): address-level effects already ran
@@ -141,30 +288,33 @@ def rebuild(row: ProviderEvent) -> FeedbackEvent:
     )
 
 
+async def lock_address(conn: Pg, recipient_hash: str) -> None:
+    """Serialize soft-bounce counting for one address until the transaction ends."""
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", recipient_hash)
+
+
+_SOFT_BOUNCES = f"""
+WITH last AS (
+    SELECT max(COALESCE(occurred_at, received_at)) AS at FROM provider_events
+    WHERE recipient_hash = $1 AND details ->> '{OUTCOME_KEY}' = 'delivered'
+)
+SELECT (SELECT count(*) FROM provider_events, last
+        WHERE recipient_hash = $1 AND details ->> '{OUTCOME_KEY}' = 'soft_bounce'
+          AND COALESCE(occurred_at, received_at) >= $2
+          AND (last.at IS NULL OR COALESCE(occurred_at, received_at) > last.at))
+    + CASE WHEN $3::timestamptz IS NOT NULL AND $3 >= $2
+           AND ((SELECT at FROM last) IS NULL OR $3 > (SELECT at FROM last)) THEN 1 ELSE 0 END
+"""
+
+
 async def count_soft_bounces(
-    session: AsyncSession, recipient_hash: str, *, since: dt.datetime
+    conn: Pg, recipient_hash: str, *, since: dt.datetime, pending: dt.datetime | None = None
 ) -> int:
     """Soft bounces of one address since `since` and since its last delivery.
 
     Counted from the event store itself: any delivery to the address resets the count.
+    `pending` is the time of a soft bounce being applied that is not stored yet (the feedback
+    path stores an event after applying it): it counts like a stored one.
     """
-    when = func.coalesce(ProviderEvent.occurred_at, ProviderEvent.received_at)
-    last_delivery = (
-        select(func.max(when))
-        .where(
-            ProviderEvent.recipient_hash == recipient_hash,
-            ProviderEvent.details[OUTCOME_KEY].astext == "delivered",
-        )
-        .scalar_subquery()
-    )
-    count = await session.scalar(
-        select(func.count())
-        .select_from(ProviderEvent)
-        .where(
-            ProviderEvent.recipient_hash == recipient_hash,
-            ProviderEvent.details[OUTCOME_KEY].astext == "soft_bounce",
-            when >= since,
-            or_(last_delivery.is_(None), when > last_delivery),
-        )
-    )
+    count = await conn.fetchval(_SOFT_BOUNCES, recipient_hash, since, pending)
     return int(count or 0)

@@ -289,6 +289,12 @@ async def test_callback_during_a_call_that_ends_unknown_settles_it_later(
     params = status_params("SMw", "delivered", to=PHONE)
     query = {"d": str(made.delivery_id)}
     assert await ingestor.twilio_status(params, query=query, idempotency_token=None) == ["parked"]
+    # The delivery is flagged, so the send path applies the parked event after its record.
+    async with services.sessions() as session:
+        flagged = await session.scalar(
+            select(Delivery.parked_feedback).where(Delivery.id == made.delivery_id)
+        )
+    assert flagged is True
     # Nothing changes while the call is still in flight.
     assert await ingestor.sweep_parked() == 0
     # The call timed out: the send path records `unknown` without a provider id.
@@ -576,7 +582,7 @@ async def test_account_codes_flag_the_provider(services: Services) -> None:
         flagged.append((provider, rule))
 
     ingestor = FeedbackIngestor(
-        services.sessions,
+        services.engine,
         services.protector,
         services.settings.webhooks,
         retry=services.settings.retry,

@@ -1,0 +1,1 @@
+"""Benchmarks: `./dev bench` (benchmarks/run.py) and the older in-process scripts."""
