@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from suppression.db import Pg
 
@@ -45,8 +45,13 @@ class Due(Protocol):
     def held_to_budget(self) -> bool: ...
 
 
+@runtime_checkable
 class DeliveryQueue(Protocol):
-    """The delivery log's operations that the retry package uses."""
+    """The delivery log's operations that the retry package uses.
+
+    Runtime-checkable: the API's dependency injection checks the value it is handed (the
+    `sender.log` module) against this type.
+    """
 
     async def claim_due(self, conn: Pg, *, limit: int, now: dt.datetime) -> Sequence[Due]:
         """Take up to `limit` due deliveries off the queue (SKIP LOCKED), priority first."""

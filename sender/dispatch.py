@@ -350,10 +350,16 @@ class Dispatcher:
     # -- step 5 and 6 -----------------------------------------------------------------------
 
     async def finish(
-        self, calls: Sequence[Call], *, complete: uuid.UUID | None = None
+        self,
+        calls: Sequence[Call],
+        *,
+        complete: uuid.UUID | None = None,
+        begin: Sequence[Call] = (),
     ) -> dlog.Recorded:
         """Classify, decide and record the outcomes of `calls` (each with its `outcome`),
-        completing message `complete` in the same statement; then run the hooks."""
+        completing message `complete` in the same statement, and write the attempts of the
+        next calls `begin` (queued deliveries of the same request) in the same transaction;
+        then run the hooks. `Recorded.begun` says which of `begin` may be called now."""
         now = self._clock()
         outcomes: list[dlog.Outcome] = []
         verdicts: list[Classification] = []
@@ -369,7 +375,7 @@ class Dispatcher:
             or (verdict.kind == PERMANENT_ADDRESS and verdict.suppression_reason)
         ]
         async with pg_connection(self.engine) as conn:
-            if not effects:
+            if not effects and not begin:
                 recorded = await dlog.record(conn, outcomes, now=now, complete=complete)
             else:
                 async with conn.transaction():
@@ -377,6 +383,13 @@ class Dispatcher:
                     for call, verdict, outcome in effects:
                         if call.delivery_id in recorded.applied:
                             await self._effect(conn, call, verdict, outcome, now)
+                    if begin:
+                        begun = await dlog.begin_first_attempts(
+                            conn,
+                            [(c.delivery_id, c.attempt_id, c.provider.name) for c in begin],
+                            now=now,
+                        )
+                        recorded = dataclasses.replace(recorded, begun=frozenset(begun))
         for call, verdict in zip(calls, verdicts, strict=True):
             await self._after(call, verdict, recorded)
         return recorded

@@ -320,6 +320,9 @@ class Recorded:
     # The status code stored on the message by this record; None when another request had
     # completed it first (or no message was completed).
     response_code: int | None
+    # Of the deliveries `begin_first_attempts` was asked to start in the same transaction,
+    # those whose attempt it wrote (filled in by the caller).
+    begun: frozenset[uuid.UUID] = frozenset()
 
 
 _DEFERRED_SQL = "'" + "','".join(sorted(st.DEFERRED)) + "'"
@@ -483,6 +486,41 @@ async def begin_attempt(
         _BEGIN_ATTEMPT, delivery.id, attempt_id, provider, now, delivery.status, delivery.attempts
     )
     return number
+
+
+_BEGIN_FIRST = """
+WITH d AS (
+    UPDATE deliveries x SET status = 'sending', attempts = 1, provider = u.provider,
+        next_attempt_at = NULL, updated_at = $4
+    FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS u(id, aid, provider)
+    WHERE x.id = u.id AND x.status = 'queued' AND x.attempts = 0
+      AND x.next_attempt_at IS NOT NULL
+    RETURNING x.id, u.aid, u.provider
+)
+INSERT INTO attempts (id, delivery_id, number, status, provider, started_at)
+SELECT d.aid, d.id,
+    (SELECT coalesce(max(number), 0) + 1 FROM attempts WHERE delivery_id = d.id),
+    'in_progress', d.provider, $4
+FROM d
+RETURNING delivery_id
+"""
+
+
+async def begin_first_attempts(
+    conn: Pg, items: Sequence[tuple[uuid.UUID, uuid.UUID, str]], *, now: dt.datetime
+) -> list[uuid.UUID]:
+    """Write the first attempts `in_progress` of deliveries a send request claimed `queued`
+    (later waves of one request): (delivery id, attempt id, provider) each. Only those still
+    untouched (`queued`, no attempt, not claimed by a worker) are started; their ids are
+    returned."""
+    rows = await conn.fetch(
+        _BEGIN_FIRST,
+        [i[0] for i in items],
+        [i[1] for i in items],
+        [i[2] for i in items],
+        now,
+    )
+    return [r[0] for r in rows]
 
 
 async def status_of(conn: Pg, delivery_id: uuid.UUID) -> str | None:

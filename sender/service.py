@@ -42,6 +42,7 @@ from sender import log as dlog
 from sender import status as st
 from sender.dispatch import Call, Dispatcher
 from sender.keys import derived_key, fingerprint
+from sender.providers.base import OutgoingMessage
 from sender.schemas import (
     MAX_METADATA_KEY,
     MAX_METADATA_KEYS,
@@ -145,58 +146,82 @@ class SendService:
         provider = self.dispatcher.providers.get(channel)
         defer_at = now + dt.timedelta(seconds=self.config.retry.defer_seconds)
         safety_net = now + dt.timedelta(seconds=self.config.retry.stale_in_progress_seconds)
+        ids = [uuid.uuid4() for _ in recipients]
+        keys = [
+            derived_key(protector, client_id, idempotency_key, channel, r.address.key)
+            for r in recipients
+        ]
+        # The breaker and the rate limiter first, so that the suppression check is the last
+        # thing before the claim commits (a suppression added while a limiter call was under
+        # way still counts). A recipient found suppressed has spent a token for nothing.
+        outgoing: list[OutgoingMessage | None] = []
+        deferred: list[str | None] = []
+        for r, delivery_id, key in zip(recipients, ids, keys, strict=True):
+            if provider is None:
+                outgoing.append(None)
+                deferred.append(None)
+                continue
+            prepared = self.dispatcher.outgoing(
+                delivery_id=delivery_id,
+                derived_key=key,
+                channel=channel,
+                category=request.category,
+                topic=topic,
+                to=r.address.display,
+                content=content,
+            )
+            outgoing.append(prepared)
+            deferred.append(await self.dispatcher.gate(provider, prepared, request.priority))
+        # The first `concurrency` calls get their attempt `in_progress` in the claim itself;
+        # the others wait `queued` (due at the stale window, so the worker sends them if this
+        # process dies) and get theirs just before their own call (`Dispatcher.finish`).
+        first_wave = max(1, self.config.concurrency)
+        news: list[dlog.NewDelivery] = []
+        calls: list[Call] = []
         async with pg_connection(self.dispatcher.engine) as conn:
             hits = await suppression.check_many(
                 conn, channel, hashes, category=request.category, topic=topic, now=now
             )
-            news: list[dlog.NewDelivery] = []
-            calls: list[Call] = []
-            for r, address_hash in zip(recipients, hashes, strict=True):
-                delivery_id = uuid.uuid4()
-                key = derived_key(protector, client_id, idempotency_key, channel, r.address.key)
+            for i, r in enumerate(recipients):
                 new = partial(
                     dlog.NewDelivery,
-                    id=delivery_id,
+                    id=ids[i],
                     position=r.position,
-                    recipient_hash=address_hash,
+                    recipient_hash=hashes[i],
                     recipient_encrypted=protector.encrypt(r.address.display),
-                    derived_key=key,
+                    derived_key=keys[i],
                 )
-                hit = hits.get(address_hash)
+                hit = hits.get(hashes[i])
+                message_out: OutgoingMessage | None = outgoing[i]
                 if hit is not None:
                     news.append(new(status=st.SUPPRESSED, reason=hit.reason, suppression_id=hit.id))
-                    continue
-                if provider is None:
+                elif provider is None or message_out is None:
                     # Nothing can send it here; the worker reports it when due.
                     news.append(new(status=st.QUEUED, next_attempt_at=safety_net))
-                    continue
-                outgoing = self.dispatcher.outgoing(
-                    delivery_id=delivery_id,
-                    derived_key=key,
-                    channel=channel,
-                    category=request.category,
-                    topic=topic,
-                    to=r.address.display,
-                    content=content,
-                )
-                deferred = await self.dispatcher.gate(provider, outgoing, request.priority)
-                if deferred is not None:
-                    news.append(new(status=st.QUEUED, reason=deferred, next_attempt_at=defer_at))
-                    continue
-                attempt_id = uuid.uuid4()
-                news.append(new(status=st.SENDING, provider=provider.name, attempt_id=attempt_id))
-                calls.append(
-                    Call(
-                        delivery_id=delivery_id,
-                        attempt_id=attempt_id,
+                elif deferred[i] is not None:
+                    news.append(new(status=st.QUEUED, reason=deferred[i], next_attempt_at=defer_at))
+                else:
+                    call = Call(
+                        delivery_id=ids[i],
+                        attempt_id=uuid.uuid4(),
                         number=1,
                         provider=provider,
-                        message=outgoing,
+                        message=message_out,
                         priority=request.priority,
                         attempts=1,
                         expires_at=request.expires_at,
                     )
-                )
+                    if len(calls) < first_wave:
+                        news.append(
+                            new(
+                                status=st.SENDING,
+                                provider=provider.name,
+                                attempt_id=call.attempt_id,
+                            )
+                        )
+                    else:
+                        news.append(new(status=st.QUEUED, next_attempt_at=safety_net))
+                    calls.append(call)
             claimed = await dlog.claim(
                 conn,
                 message,
@@ -206,14 +231,14 @@ class SendService:
             )
             if not claimed:
                 return await self._duplicate(conn, client_id, idempotency_key, message.fingerprint)
-        recorded = await self.dispatcher.finish(await self._call_all(calls), complete=message.id)
+        recorded = await self._send_waves(calls, first_wave, message.id)
         if recorded.response_code is None:
             # Another request completed it first (a stale-request takeover): its record wins.
             async with pg_connection(self.dispatcher.engine) as conn:
                 stored = await dlog.message(conn, message.id)
                 assert stored is not None
                 return await self._replay(conn, stored)
-        to = {n.id: r.address.display for n, r in zip(news, recipients, strict=True)}
+        to = {d: r.address.display for d, r in zip(ids, recipients, strict=True)}
         body = MessageCreated(
             id=message.id,
             deliveries=[
@@ -223,17 +248,33 @@ class SendService:
         )
         return SendAnswer(recorded.response_code, body)
 
+    async def _send_waves(
+        self, calls: Sequence[Call], wave: int, message_id: uuid.UUID
+    ) -> dlog.Recorded:
+        """Make the calls `wave` at a time: each wave's outcomes are recorded in the same
+        transaction that writes the next wave's attempts; the last record completes the
+        message. (A 100-recipient request neither waits for 100 sequential round trips nor
+        holds 100 attempts `in_progress` that were never started.)"""
+        pending = list(calls)
+        current, pending = pending[:wave], pending[wave:]
+        while True:
+            done = await self._call_all(current)
+            following, pending = pending[:wave], pending[wave:]
+            recorded = await self.dispatcher.finish(
+                done, complete=None if following else message_id, begin=following
+            )
+            if not following:
+                return recorded
+            current = [c for c in following if c.delivery_id in recorded.begun]
+
     async def _call_all(self, calls: Sequence[Call]) -> list[Call]:
-        """Make the provider calls, at most `concurrency` at a time (a 100-recipient request
-        neither waits for 100 sequential round trips nor opens 100 connections)."""
+        """Make one wave of provider calls at the same time."""
         if len(calls) == 1:
             call = calls[0]
             return [dataclasses.replace(call, outcome=await call.provider.send(call.message))]
-        gate = asyncio.Semaphore(max(1, self.config.concurrency))
 
         async def one(call: Call) -> Call:
-            async with gate:
-                return dataclasses.replace(call, outcome=await call.provider.send(call.message))
+            return dataclasses.replace(call, outcome=await call.provider.send(call.message))
 
         return list(await asyncio.gather(*(one(c) for c in calls)))
 

@@ -224,7 +224,9 @@ async def test_an_expired_otp_is_not_retried(rig: Rig) -> None:
     await rig.run_worker_until(dead)
     assert rig.calls(to) == 1
     async with rig.services.sessions() as s:
-        entries, _ = await dlq.list_entries(s, dlq.DeadLetterFilter(reason="expired"))
+        entries, _ = await dlq.list_entries(
+            s, rig.services.delivery_queue, dlq.DeadLetterFilter(reason="expired")
+        )
     assert [e.row.delivery_id for e in entries] == [delivery_id]
 
 

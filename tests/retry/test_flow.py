@@ -94,13 +94,13 @@ async def test_always_failing_then_dlq_then_redrive(
         assert await delivery_status(services.sessions, delivery_id) == "dead"
         assert len(stub.calls_for(delivery_id)) == 3
         async with services.sessions() as s:
-            entries, _ = await dlq.list_entries(s, dlq.DeadLetterFilter())
+            entries, _ = await dlq.list_entries(s, services.delivery_queue, dlq.DeadLetterFilter())
         (entry,) = entries
         assert entry.row.reason == "max_attempts" and entry.row.last_error == "HTTP 503"
         assert [h["error_code"] for h in entry.row.attempt_history] == ["503"] * 3
 
         async with services.sessions() as s:
-            await dlq.redrive(s, entry.row.id, actor="test")
+            await dlq.redrive(s, services.delivery_queue, entry.row.id, actor="test")
             await s.commit()
         # a fresh budget: attempts counter back to 0, history kept
         async with services.sessions() as s:

@@ -256,7 +256,7 @@ async def test_a_redriven_delivery_gets_a_fresh_budget_and_keeps_its_history(
         async with gw.services.sessions() as session:
             entry = await session.scalar(select(DeadLetter))
             assert entry is not None
-            await dlq.redrive(session, entry.id, actor="operator")
+            await dlq.redrive(session, gw.services.delivery_queue, entry.id, actor="operator")
             await session.commit()
         assert await gw.services.dispatch(uuid.UUID(answer["id"])) == "sent"
         attempts = await attempts_of(gw.services, answer["id"])
