@@ -817,6 +817,10 @@ class Bench:
             self.start_gateway("two", "--workers", "2")
         self.extra["check_entries"] = 200_000
 
+    def checkpoint(self) -> None:
+        """Save what was measured so far (a killed run keeps its figures)."""
+        self.save(self.rows(), self.args.output)
+
     def run(self) -> None:
         self.setup()
         for rep in range(self.reps):
@@ -840,6 +844,7 @@ class Bench:
                 body = {"channel": "sms", "to": ["+1415555@P@"], "body": "hi"}
                 spec = self.send_spec(self.gateways["two"].base, body)
                 self.measure("send_sms_sandbox_2proc", spec)
+            self.checkpoint()
         for name, step in (
             ("send_providers", self.botocore_cpu),
             ("check", self.run_check_bulk),
@@ -852,6 +857,7 @@ class Bench:
                 except Exception as exc:  # one broken scenario must not lose the others
                     log(f"{step.__name__} failed: {exc!r}")
                     self.notes.append(f"{step.__name__} failed: {str(exc)[:300]}")
+                self.checkpoint()
 
     # -- results ------------------------------------------------------------------------------
 
@@ -1047,6 +1053,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS / "latest.json")
     parser.add_argument("--keep-logs", action="store_true", help="print the server logs' tails")
     args = parser.parse_args(argv)
+
+    def terminated(signum: int, frame: object) -> None:
+        raise SystemExit(f"bench: stopped by signal {signum}")
+
+    # SIGTERM too ends the run through the cleanup below (processes, scratch database).
+    signal.signal(signal.SIGTERM, terminated)
     with scratch_dir() as tmp:
         infra = Infra(tmp=tmp)
         try:
