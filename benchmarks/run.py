@@ -42,7 +42,14 @@ from cryptography.fernet import Fernet
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
-from benchmarks.load import LoadResult, LoadSpec, raw_request, run_load, write_request_file
+from benchmarks.load import (
+    LoadResult,
+    LoadSpec,
+    module_command,
+    raw_request,
+    run_load,
+    write_request_file,
+)
 from benchmarks.report import Row, median, table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -284,8 +291,7 @@ class Bench:
         port = free_port()
         env = self.base_env(BENCH_FLOOR_DSN=self.infra.database_url)
         cmd = [
-            sys.executable, "-m", "uvicorn", f"benchmarks.floors:{app}", "--port", str(port),
-            "--no-access-log", "--log-level", "warning",
+            *module_command("benchmarks.floors"), app, str(port),
         ]  # fmt: skip
         proc = self.spawn(f"floor-{name}", cmd, env)
         base = f"http://127.0.0.1:{port}"
@@ -294,7 +300,7 @@ class Bench:
 
     def start_stubs(self) -> None:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.stubserve"],
+            module_command("benchmarks.stubserve"),
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
