@@ -78,7 +78,7 @@ def fmt_number(value: float | None) -> str:
     if value is None:
         return "n/a"
     magnitude = abs(value)
-    if magnitude >= 100:
+    if magnitude >= 100 or value == int(value):
         return f"{value:,.0f}"
     if magnitude >= 10:
         return f"{value:.1f}"
@@ -96,7 +96,7 @@ def target_text(row: Row) -> str:
         if bound >= 2:
             return f"{op} {bound:g}x {row.floor_name}"
         return f"{op} {bound * 100:g} % of {row.floor_name}"
-    return f"{op} {bound:g} {row.unit}"
+    return f"{op} {fmt_number(bound)} {row.unit}"
 
 
 def table(rows: Sequence[Row]) -> str:

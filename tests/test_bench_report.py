@@ -15,6 +15,7 @@ def test_ratio_and_verdicts() -> None:
     assert Row("x", None, "x").verdict == "n/a"
     assert Row("x", 1.0, "x").verdict == ""
     assert target_text(Row("r", 16.0, "x", target=(">=", 15))) == ">= 15 x"
+    assert target_text(Row("i", 1.0, "rows/s", target=(">=", 10_000))) == ">= 10,000 rows/s"
 
 
 def test_median_skips_unknown_values() -> None:
