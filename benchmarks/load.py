@@ -67,6 +67,8 @@ class LoadResult:
     p90_ms: float
     p99_ms: float
     tool: str
+    # Python driver only: how many answers of each error status ("503": 12).
+    error_statuses: dict[str, int] = field(default_factory=dict)
 
     @property
     def rps(self) -> float:
@@ -306,6 +308,7 @@ async def _drive(spec: LoadSpec) -> LoadResult:
     if spec.mode == "file":
         file_reqs = _read_requests(spec.file)
     latencies: list[float] = []
+    error_statuses: dict[str, int] = {}
     errors = 0
     issued = 0
     deadline = time.perf_counter() + spec.duration
@@ -341,6 +344,7 @@ async def _drive(spec: LoadSpec) -> LoadResult:
                 latencies.append(time.perf_counter() - start)
                 if status >= 400:
                     errors += 1
+                    error_statuses[str(status)] = error_statuses.get(str(status), 0) + 1
         finally:
             writer.close()
 
@@ -352,7 +356,9 @@ async def _drive(spec: LoadSpec) -> LoadResult:
     def pct(p: float) -> float:
         return ordered[min(len(ordered) - 1, int(len(ordered) * p))] * 1000
 
-    return LoadResult(len(latencies), seconds, errors, pct(0.5), pct(0.9), pct(0.99), "python")
+    return LoadResult(
+        len(latencies), seconds, errors, pct(0.5), pct(0.9), pct(0.99), "python", error_statuses
+    )
 
 
 def main() -> None:

@@ -366,7 +366,10 @@ class Bench:
             f"{result.p99_ms:.2f} ms, errors {result.errors}/{result.requests} ({result.tool})"
         )
         if result.errors:
-            self.notes.append(f"{name}: {result.errors} of {result.requests} requests failed")
+            statuses = f" (statuses {result.error_statuses})" if result.error_statuses else ""
+            self.notes.append(
+                f"{name}: {result.errors} of {result.requests} requests failed{statuses}"
+            )
         return result
 
     def probe(self, spec: LoadSpec) -> None:
@@ -745,7 +748,10 @@ class Bench:
         self.extra["memory"] = {"after_1000": first, "after": last, "sends": total}
         log(f"memory: {first:.0f} MB after 1,000 sends, {last:.0f} MB after {total:,} sends")
         if result.errors:
-            self.notes.append(f"memory: {result.errors} of {result.requests} sends failed")
+            self.notes.append(
+                f"memory: {result.errors} of {result.requests} sends failed"
+                f" (statuses {result.error_statuses})"
+            )
         stop(gw.proc)
 
     def botocore_cpu(self) -> None:
