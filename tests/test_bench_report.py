@@ -45,3 +45,10 @@ def test_request_rendering() -> None:
     assert raw.endswith(b"\r\n\r\n{}")
     script = lua_script(LoadSpec(base="http://h", body="@U@"), threads=2)
     assert "function request()" in script and "WRKJSON" in script
+
+
+def test_rows_survive_a_results_file() -> None:
+    row = Row("send", 500.0, "req/s", 1000.0, "send floor", (">=", 0.4), [1.0, 2.0], "n")
+    again = Row.from_dict(row.as_dict())
+    assert again == row
+    assert again.verdict == "pass"
