@@ -49,12 +49,17 @@ def async_url(url: str) -> str:
     return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
 
 
-def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
-    """An async engine on asyncpg for `url` (any PostgreSQL URL form)."""
+def create_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
+    """An async engine on asyncpg for `url` (any PostgreSQL URL form).
+
+    The pool should cover the requests one process serves at once: a connection opened
+    beyond it (overflow) is closed again on return, and opening one costs far more than the
+    statements of a send.
+    """
     return create_async_engine(
         async_url(url),
         pool_size=pool_size,
-        max_overflow=pool_size,
+        max_overflow=max(1, pool_size // 2),
         pool_pre_ping=False,
     )
 

@@ -98,7 +98,7 @@ class Services:
 
 def build_services(settings: Settings, database_url: str) -> Services:
     """Wire the concrete adapters for `settings` (secrets must already be resolved)."""
-    engine = create_engine(database_url)
+    engine = create_engine(database_url, pool_size=settings.db_pool_size)
     redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
     sessions = session_factory(engine)
     protector = AddressProtector(settings.hash_key, settings.secret_keys)

@@ -63,6 +63,8 @@ class Settings:
     hash_key: bytes = b""
     development_secrets: bool = False
     max_body_bytes: int = 1024 * 1024
+    # Pooled database connections per process (the pool may grow by half as many again).
+    db_pool_size: int = 20
     default_region: str = "US"
     sns_max_age_seconds: float = 3600.0
     # Optional `mailto:` URI added to List-Unsubscribe next to the one-click HTTPS URL.
@@ -78,7 +80,7 @@ class Settings:
     # `<provider>:<code>` -> class, overriding sender.classify's table.
     send_error_overrides: Mapping[str, str] = field(default_factory=dict)
     # Deliveries of one request sent at the same time.
-    send_concurrency: int = 4
+    send_concurrency: int = 16
     provider_connect_timeout_seconds: float = 5.0
     provider_read_timeout_seconds: float = 15.0
     # botocore's own attempts per SendEmail (1 = no botocore retry; see sender/providers/ses).
@@ -318,6 +320,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         secret_keys=_fernet_keys(env, "GATEWAY_SECRET_KEYS"),
         hash_key=_hash_key(env, "GATEWAY_HASH_KEY"),
         max_body_bytes=_number(env, "GATEWAY_MAX_BODY_BYTES", 1024 * 1024, int, 1024),
+        db_pool_size=_number(env, "GATEWAY_DB_POOL_SIZE", 20, int, 1),
         default_region=(_str(env, "GATEWAY_DEFAULT_REGION") or "US").upper(),
         sns_max_age_seconds=_number(env, "GATEWAY_SNS_MAX_AGE_SECONDS", 3600.0, float, 1.0),
         unsubscribe_mailto=_mailto(env, "GATEWAY_UNSUBSCRIBE_MAILTO"),
@@ -326,7 +329,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         retry=_retry(env),
         webhooks=_webhooks(env),
         send_error_overrides=_parsed(env, "GATEWAY_SEND_ERROR_OVERRIDES", parse_overrides, {}),
-        send_concurrency=_number(env, "GATEWAY_SEND_CONCURRENCY", 4, int, 1),
+        send_concurrency=_number(env, "GATEWAY_SEND_CONCURRENCY", 16, int, 1),
         provider_connect_timeout_seconds=_number(
             env, "GATEWAY_PROVIDER_CONNECT_TIMEOUT_SECONDS", 5.0, float, 0.1
         ),

@@ -242,7 +242,7 @@ end
 
 local function count(kind)
   local cur = math.floor(now / slice)
-  redis.call('HINCRBY', KEYS[2], string.format('%d', cur) .. ':' .. kind, 1)
+  redis.call('HINCRBY', KEYS[2], string.format('%d', cur) .. ':' .. kind, tonumber(ARGV[9]) or 1)
   redis.call('PEXPIRE', KEYS[2], ttl)
 end
 
@@ -253,7 +253,7 @@ if op == 'state' then
   return {state, ''}
 elseif op == 'allow' then
   if state == 'closed' then
-    return {1, ''}
+    return {1, 'closed'}
   end
   if now >= until_ then
     save('half_open', now + cooldown)
@@ -301,7 +301,17 @@ return redis.error_reply('unknown breaker op ' .. op)
 
 
 class RedisBreaker:
-    """Breaker state in Redis, shared by every process; each operation is one script call."""
+    """Breaker state in Redis, shared by every process; each operation is one script call.
+
+    The hot path is spared most of those calls: a `closed` answer to `allow` is reused for
+    `LOCAL_SECONDS` (so a circuit opened by another process is seen within that time; one
+    opened by this process at once), and successes while closed are counted locally and
+    added in one call every `LOCAL_SECONDS` or `SUCCESS_BATCH` calls, and always before a
+    failure is counted (the failure ratio sees them).
+    """
+
+    LOCAL_SECONDS = 1.0
+    SUCCESS_BATCH = 100
 
     def __init__(
         self,
@@ -315,8 +325,15 @@ class RedisBreaker:
         self._prefix = prefix
         self._clock = clock
         self._script = redis.register_script(_BREAKER_LUA)
+        # provider -> local time until which `allow` may answer True without asking Redis
+        self._closed_until: dict[str, float] = {}
+        # provider -> (successes not yet added, local time of the first of them)
+        self._pending: dict[str, tuple[int, float]] = {}
 
-    async def _run(self, op: str, provider: str) -> tuple[str, str]:
+    def _local_now(self) -> float:
+        return self._clock() if self._clock is not None else time.monotonic()
+
+    async def _run(self, op: str, provider: str, n: int = 1) -> tuple[str, str]:
         cfg = self._config
         now = self._clock() if self._clock is not None else -1.0
         key = f"{self._prefix}br:{provider}"
@@ -331,23 +348,47 @@ class RedisBreaker:
                 SLICES,
                 cfg.min_volume,
                 repr(cfg.failure_ratio),
+                n,
             ],
         )
         return _text(answer), _text(event)
 
     async def allow(self, provider: str) -> bool:
         """True when closed, or for the single probe once the cool-down is over."""
-        answer, _ = await self._run("allow", provider)
+        now = self._local_now()
+        if self._closed_until.get(provider, float("-inf")) > now:
+            return True
+        answer, state = await self._run("allow", provider)
+        if state == "closed":
+            self._closed_until[provider] = now + self.LOCAL_SECONDS
         return answer == "1"
 
     async def record_success(self, provider: str) -> None:
         """Count a success; in half-open it closes the circuit."""
+        now = self._local_now()
+        if self._closed_until.get(provider, float("-inf")) > now:
+            count, since = self._pending.get(provider, (0, now))
+            count += 1
+            if count < self.SUCCESS_BATCH and now - since < self.LOCAL_SECONDS:
+                self._pending[provider] = (count, since)
+                return
+            self._pending.pop(provider, None)
+            await self._run("success", provider, count)
+            return
+        await self._flush(provider)
         _, event = await self._run("success", provider)
         if event == "closed":
             log.info("circuit for %s closed again", provider)
 
+    async def _flush(self, provider: str) -> None:
+        count, _ = self._pending.pop(provider, (0, 0.0))
+        if count:
+            await self._run("success", provider, count)
+
     async def record_failure(self, provider: str, *, account_level: bool = False) -> None:
         """Count a failure; opens the circuit on account-level errors or a high ratio."""
+        self._closed_until.pop(provider, None)
+        await self._flush(provider)
         _, event = await self._run("account" if account_level else "failure", provider)
         if event == "opened":
             cooldown = (
