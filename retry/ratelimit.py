@@ -1,7 +1,9 @@
 """Token-bucket rate limits per provider and per Twilio sender, with a priority reservation.
 
-`acquire(key, priority)` takes one token or answers False at once (it never waits): the send
-path then defers the delivery to a near time without calling the provider and without
+`acquire(key, priority)` takes one token or answers False at once (it never waits);
+`acquire_many(key, priority, n)` takes up to `n` in one step (one Redis call for all the
+recipients of a request) and says how many it got. The send path defers the deliveries
+without a token to a near time without calling the provider and without
 counting an attempt. A bucket refills `rate` tokens per second up to its capacity.
 
 Priority reservation: `low` may only take a token while the bucket keeps at least
@@ -38,6 +40,10 @@ class RateLimiter(Protocol):
 
     async def acquire(self, key: str, priority: str) -> bool:
         """Take one token for `key` ("ses", "twilio:<from or service sid>") at `priority`."""
+        ...
+
+    async def acquire_many(self, key: str, priority: str, n: int) -> int:
+        """Take up to `n` tokens for `key` at `priority`; how many were taken."""
         ...
 
 
@@ -84,18 +90,18 @@ class BucketConfig:
 
 
 def take(
-    tokens: float, last: float, now: float, bucket: Bucket, floor: float
-) -> tuple[bool, float, float]:
-    """The token-bucket step (pure): refill since `last`, then take one if `floor` allows.
+    tokens: float, last: float, now: float, bucket: Bucket, floor: float, n: int = 1
+) -> tuple[int, float, float]:
+    """The token-bucket step (pure): refill since `last`, then take as many of `n` tokens as
+    `floor` allows.
 
     Returns (taken, tokens, last). A clock that went backwards refills nothing.
     """
     if now > last:
         tokens = min(bucket.capacity, tokens + (now - last) * bucket.rate)
         last = now
-    if tokens - 1.0 >= floor - _EPSILON:
-        return True, tokens - 1.0, last
-    return False, tokens, last
+    taken = min(n, max(0, math.floor(tokens - floor + _EPSILON)))
+    return taken, tokens - taken, last
 
 
 class InProcessTokenBucket:
@@ -110,18 +116,23 @@ class InProcessTokenBucket:
 
     async def acquire(self, key: str, priority: str) -> bool:
         """Take one token for `key` at `priority`; False when none is available to it."""
+        return await self.acquire_many(key, priority, 1) == 1
+
+    async def acquire_many(self, key: str, priority: str, n: int) -> int:
+        """Take up to `n` tokens for `key` at `priority`; how many were taken."""
         bucket = self._config.lookup(key)
         if bucket is None:
-            return True
+            return n
         floor = bucket.floor_for(priority)
         now = self._clock()
         tokens, last = self._state.get(key, (bucket.capacity, now))
-        taken, tokens, last = take(tokens, last, now, bucket, floor)
+        taken, tokens, last = take(tokens, last, now, bucket, floor, n)
         self._state[key] = (tokens, last)
         return taken
 
 
-# KEYS[1] bucket hash; ARGV: rate, capacity, floor, now (negative = use Redis TIME), ttl ms.
+# KEYS[1] bucket hash; ARGV: rate, capacity, floor, now (negative = use Redis TIME), ttl ms,
+# tokens wanted.
 # Same step as `take` above; the state is (tokens, ts) in one hash, expiring once full again.
 _BUCKET_LUA = """
 local rate = tonumber(ARGV[1])
@@ -143,11 +154,8 @@ if now > ts then
   tokens = math.min(capacity, tokens + (now - ts) * rate)
   ts = now
 end
-local taken = 0
-if tokens - 1 >= floor - 1e-9 then
-  tokens = tokens - 1
-  taken = 1
-end
+local taken = math.min(tonumber(ARGV[6]), math.max(0, math.floor(tokens - floor + 1e-9)))
+tokens = tokens - taken
 redis.call('HSET', KEYS[1], 'tokens', string.format('%.9f', tokens),
            'ts', string.format('%.6f', ts))
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
@@ -175,18 +183,22 @@ class RedisTokenBucket:
 
     async def acquire(self, key: str, priority: str) -> bool:
         """Take one token for `key` at `priority`; False when none is available to it."""
+        return await self.acquire_many(key, priority, 1) == 1
+
+    async def acquire_many(self, key: str, priority: str, n: int) -> int:
+        """Take up to `n` tokens for `key` at `priority` in one script call; how many."""
         bucket = self._config.lookup(key)
         if bucket is None:
-            return True
+            return n
         floor = bucket.floor_for(priority)
         now = self._clock() if self._clock is not None else -1.0
         # Idle buckets are full again after capacity/rate seconds; drop them then.
         ttl_ms = math.ceil(bucket.capacity / bucket.rate * 1000) + 1000
         result = await self._script(
             keys=[f"{self._prefix}rl:{key}"],
-            args=[repr(bucket.rate), repr(bucket.capacity), repr(floor), repr(now), ttl_ms],
+            args=[repr(bucket.rate), repr(bucket.capacity), repr(floor), repr(now), ttl_ms, n],
         )
-        return int(result) == 1
+        return int(result)
 
 
 def build_limiter(

@@ -75,8 +75,8 @@ OnUnknownOutcome = Callable[[uuid.UUID], Awaitable[object]]
 class Limiter(Protocol):
     """Rate limiter as the send path uses it (`retry.ratelimit` implements it)."""
 
-    def acquire(self, key: str, priority: str) -> Awaitable[bool]:
-        """Take one token for `key` at `priority`; False = not now."""
+    def acquire_many(self, key: str, priority: str, n: int) -> Awaitable[int]:
+        """Take up to `n` tokens for `key` at `priority`; how many were taken (0 = not now)."""
         ...
 
 
@@ -339,13 +339,26 @@ class Dispatcher:
 
     async def gate(self, provider: Provider, message: OutgoingMessage, priority: str) -> str | None:
         """None when the call may go out now, else why it is deferred."""
+        return (await self.gate_many(provider, [message], priority))[0]
+
+    async def gate_many(
+        self, provider: Provider, messages: Sequence[OutgoingMessage], priority: str
+    ) -> list[str | None]:
+        """`gate` for several messages of one request: one breaker question, and one limiter
+        call per rate-limit key (the first ones in order get the tokens there are)."""
         if self.breaker is not None and not await self.breaker.allow(provider.name):
-            return f"deferred: {provider.name} circuit open"
-        if self.limiter is not None and not await self.limiter.acquire(
-            provider.limiter_key(message), priority
-        ):
-            return f"deferred: rate limit {provider.limiter_key(message)}"
-        return None
+            return [f"deferred: {provider.name} circuit open"] * len(messages)
+        verdicts: list[str | None] = [None] * len(messages)
+        if self.limiter is None:
+            return verdicts
+        by_key: dict[str, list[int]] = {}
+        for i, message in enumerate(messages):
+            by_key.setdefault(provider.limiter_key(message), []).append(i)
+        for key, indexes in by_key.items():
+            granted = await self.limiter.acquire_many(key, priority, len(indexes))
+            for i in indexes[granted:]:
+                verdicts[i] = f"deferred: rate limit {key}"
+        return verdicts
 
     # -- step 5 and 6 -----------------------------------------------------------------------
 

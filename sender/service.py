@@ -154,24 +154,23 @@ class SendService:
         # The breaker and the rate limiter first, so that the suppression check is the last
         # thing before the claim commits (a suppression added while a limiter call was under
         # way still counts). A recipient found suppressed has spent a token for nothing.
-        outgoing: list[OutgoingMessage | None] = []
-        deferred: list[str | None] = []
-        for r, delivery_id, key in zip(recipients, ids, keys, strict=True):
-            if provider is None:
-                outgoing.append(None)
-                deferred.append(None)
-                continue
-            prepared = self.dispatcher.outgoing(
-                delivery_id=delivery_id,
-                derived_key=key,
-                channel=channel,
-                category=request.category,
-                topic=topic,
-                to=r.address.display,
-                content=content,
-            )
-            outgoing.append(prepared)
-            deferred.append(await self.dispatcher.gate(provider, prepared, request.priority))
+        outgoing: list[OutgoingMessage | None] = [None] * len(recipients)
+        deferred: list[str | None] = [None] * len(recipients)
+        if provider is not None:
+            prepared = [
+                self.dispatcher.outgoing(
+                    delivery_id=delivery_id,
+                    derived_key=key,
+                    channel=channel,
+                    category=request.category,
+                    topic=topic,
+                    to=r.address.display,
+                    content=content,
+                )
+                for r, delivery_id, key in zip(recipients, ids, keys, strict=True)
+            ]
+            outgoing = list(prepared)
+            deferred = await self.dispatcher.gate_many(provider, prepared, request.priority)
         # The first `concurrency` calls get their attempt `in_progress` in the claim itself;
         # the others wait `queued` (due at the stale window, so the worker sends them if this
         # process dies) and get theirs just before their own call (`Dispatcher.finish`).

@@ -62,6 +62,21 @@ async def test_burst_then_refill_at_the_rate(make_limiter: Factory) -> None:
     assert not await limiter.acquire("ses", "high")
 
 
+async def test_many_tokens_in_one_step_follow_the_same_rules(make_limiter: Factory) -> None:
+    clock = FakeClock()
+    limiter = make_limiter({"ses": RateSpec(10.0, 10.0), "twilio:*": RateSpec(1.0)}, clock)
+    # low may take 6 of 10 whatever it asks for; then high/normal get the reserved 4
+    assert await limiter.acquire_many("ses", "low", 100) == 6
+    assert await limiter.acquire_many("ses", "low", 1) == 0
+    assert await limiter.acquire_many("ses", "normal", 3) == 3
+    assert await limiter.acquire_many("ses", "high", 5) == 1
+    clock.now += 0.25  # 2.5 tokens: whole ones only
+    assert await limiter.acquire_many("ses", "high", 5) == 2
+    assert await limiter.acquire("ses", "high") is False
+    # unconfigured keys are not limited
+    assert await limiter.acquire_many("unlimited", "low", 50) == 50
+
+
 async def test_low_priority_uses_at_most_its_share(make_limiter: Factory) -> None:
     clock = FakeClock()
     limiter = make_limiter({"ses": RateSpec(10.0, 10.0)}, clock)

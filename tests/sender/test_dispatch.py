@@ -51,9 +51,9 @@ class Limiter:
         self.allow = allow
         self.calls: list[tuple[str, str]] = []
 
-    async def acquire(self, key: str, priority: str) -> bool:
+    async def acquire_many(self, key: str, priority: str, n: int) -> int:
         self.calls.append((key, priority))
-        return self.allow
+        return n if self.allow else 0
 
 
 class Breaker:

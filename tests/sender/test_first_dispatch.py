@@ -19,11 +19,11 @@ class _Limiter:
         self.hook = hook
         self.calls: list[tuple[str, str]] = []
 
-    async def acquire(self, key: str, priority: str) -> bool:
+    async def acquire_many(self, key: str, priority: str, n: int) -> int:
         self.calls.append((key, priority))
         if self.hook is not None:
             await self.hook()
-        return self.grant
+        return n if self.grant else 0
 
 
 def _dispatcher(gw: Gateway) -> Dispatcher:
