@@ -28,6 +28,7 @@ from typing import Any
 from retry import dlq
 from retry.queue import Due
 from sender import status as st
+from suppression import service as suppression
 from suppression.db import Pg, jsonb
 
 # -- rows -------------------------------------------------------------------------------------
@@ -152,11 +153,11 @@ class NewMessage:
 
 @dataclass(frozen=True, slots=True)
 class NewDelivery:
-    """A delivery of a claimed message with its verdict.
+    """A delivery of a message being claimed.
 
-    `status` is `suppressed` (with the entry), `sending` (the first attempt `attempt_id` is
-    written `in_progress` with it) or `queued` (deferred before any call: `reason` says why,
-    `next_attempt_at` when the worker takes it).
+    `status` is `sending` (the first attempt `attempt_id` is written `in_progress` with it)
+    or `queued` (not called yet: `reason` says why, `next_attempt_at` when the worker takes
+    it). The claim makes it `suppressed` instead when an entry stops its recipient.
     """
 
     id: uuid.UUID
@@ -166,14 +167,18 @@ class NewDelivery:
     derived_key: str
     status: str
     reason: str | None = None
-    suppression_id: uuid.UUID | None = None
     provider: str | None = None
     attempt_id: uuid.UUID | None = None
     next_attempt_at: dt.datetime | None = None
 
 
-_CLAIM = """
-WITH m AS (
+# The claim's suppression verdicts, from the suppression package's own query.
+_HITS = suppression.verdicts_sql(
+    channel="$5::text", hashes="$16::text[]", scopes="$24::text[]", now="$12::timestamptz"
+)
+
+_CLAIM = f"""
+WITH hits AS ({_HITS}), m AS (
     INSERT INTO messages (id, client_id, idempotency_key, fingerprint, state, channel,
         category, topic, priority, expires_at, content_encrypted, metadata, created_at)
     VALUES ($1, $2, $3, $4, 'in_progress', $5, $6, $7, $8, $9, $10, $11, $12)
@@ -184,21 +189,30 @@ WITH m AS (
         recipient_encrypted, derived_key, status, reason, suppression_id, provider,
         category, topic, priority_rank, expires_at, attempts, next_attempt_at,
         created_at, updated_at)
-    SELECT u.id, m.id, u.position, $5, u.hash, u.enc, u.key, u.status, u.reason, u.sid,
-        u.provider, $6, $7, $13, $9, CASE WHEN u.aid IS NULL THEN 0 ELSE 1 END, u.next_at,
+    SELECT u.id, m.id, u.position, $5, u.hash, u.enc, u.key,
+        CASE WHEN h.id IS NULL THEN u.status ELSE 'suppressed' END,
+        CASE WHEN h.id IS NULL THEN u.reason ELSE h.reason END,
+        h.id,
+        CASE WHEN h.id IS NULL THEN u.provider END,
+        $6, $7, $13, $9,
+        CASE WHEN h.id IS NULL AND u.aid IS NOT NULL THEN 1 ELSE 0 END,
+        CASE WHEN h.id IS NULL THEN u.next_at END,
         $12, $12
-    FROM m, unnest($14::uuid[], $15::int2[], $16::text[], $17::text[], $18::text[],
-        $19::text[], $20::text[], $21::uuid[], $22::text[], $23::uuid[], $24::timestamptz[])
-        AS u(id, position, hash, enc, key, status, reason, sid, provider, aid, next_at)
-    RETURNING id
+    FROM m CROSS JOIN unnest($14::uuid[], $15::int2[], $16::text[], $17::text[],
+        $18::text[], $19::text[], $20::text[], $21::text[], $22::uuid[], $23::timestamptz[])
+        AS u(id, position, hash, enc, key, status, reason, provider, aid, next_at)
+    LEFT JOIN hits h ON h.address_hash = u.hash
+    RETURNING id, status, reason
 ), a AS (
     INSERT INTO attempts (id, delivery_id, number, status, provider, started_at)
     SELECT u.aid, u.id, 1, 'in_progress', u.provider, $12
-    FROM m, unnest($14::uuid[], $23::uuid[], $22::text[]) AS u(id, aid, provider)
+    FROM m CROSS JOIN unnest($14::uuid[], $22::uuid[], $21::text[], $16::text[])
+        AS u(id, aid, provider, hash)
     WHERE u.aid IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM hits h WHERE h.address_hash = u.hash)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM m) + 0 * (SELECT count(*) FROM d) + 0 * (SELECT count(*) FROM a)
+SELECT d.id, d.status, d.reason, (SELECT count(*) FROM a) AS attempts FROM d
 """
 
 
@@ -209,12 +223,14 @@ async def claim(
     *,
     priority_rank: int,
     now: dt.datetime,
-) -> bool:
-    """Insert the message, its deliveries and their first attempts in one statement.
+) -> dict[uuid.UUID, tuple[str, str | None]] | None:
+    """Check the suppression list and insert the message, its deliveries and their first
+    attempts, in one statement (one snapshot: an entry committed before it counts).
 
-    False when (client, Idempotency-Key) exists already: nothing was written.
+    Returns each delivery's (status, reason), `suppressed` ones with the entry's reason and
+    no attempt; None when (client, Idempotency-Key) exists already: nothing was written.
     """
-    claimed = await conn.fetchval(
+    rows = await conn.fetch(
         _CLAIM,
         message.id,
         message.client_id,
@@ -236,12 +252,14 @@ async def claim(
         [d.derived_key for d in deliveries],
         [d.status for d in deliveries],
         [d.reason for d in deliveries],
-        [d.suppression_id for d in deliveries],
         [d.provider for d in deliveries],
         [d.attempt_id for d in deliveries],
         [d.next_attempt_at for d in deliveries],
+        suppression.scopes_for(message.category, message.topic),
     )
-    return bool(claimed)
+    if not rows:
+        return None
+    return {r["id"]: (r["status"], r["reason"]) for r in rows}
 
 
 async def message_by_key(conn: Pg, client_id: uuid.UUID, key: str) -> MessageRow | None:

@@ -1,24 +1,26 @@
-"""The send service: validate, check, claim idempotently, call the providers, answer.
+"""The send service: validate, gate, claim idempotently, call the providers, answer.
 
-Flow of `POST /v1/messages` (DESIGN flow 1), in round trips to PostgreSQL:
+Flow of `POST /v1/messages` (DESIGN flow 1), in round trips:
 
 1. Validate and normalize every recipient; any invalid one -> 422 naming it, nothing stored.
-2. One statement: the suppression verdicts of all recipients (`suppression.check_many`).
-3. The breaker and rate limiter for each unsuppressed recipient (in process or Redis).
-4. One statement, the claim (`sender.log.claim`): the message (INSERT ... ON CONFLICT DO
-   NOTHING on (client, Idempotency-Key)), one delivery per recipient with its verdict
-   (`suppressed`, `queued` when deferred by step 3, else `sending`) and the first attempt of
-   each sending one written `in_progress`. A conflict is a duplicate: different body
-   fingerprint -> 422; first request still in flight -> 409; completed -> the stored answer
-   with its original status code, nothing sent.
-5. The provider calls, at most `concurrency` at a time, no transaction or connection held.
-6. One statement (`Dispatcher.finish` -> `sender.log.record`): every attempt's outcome, the
+2. The breaker and the rate limiter for all recipients at once (in process, or one Redis
+   call per rate-limit key).
+3. One statement, the claim (`sender.log.claim`): the suppression verdicts, the message
+   (INSERT ... ON CONFLICT DO NOTHING on (client, Idempotency-Key)), one delivery per
+   recipient (`suppressed`, `queued` when deferred by step 2, else `sending`) and the first
+   attempt of each sending one written `in_progress`. A conflict is a duplicate: different
+   body fingerprint -> 422; first request still in flight -> 409; completed -> the stored
+   answer with its original status code, nothing sent.
+4. The provider calls, `GATEWAY_SEND_CONCURRENCY` at a time, no transaction or connection
+   held; recipients beyond the first wave wait `queued` and get their attempt written with
+   the previous wave's outcomes.
+5. One statement (`Dispatcher.finish` -> `sender.log.record`): every attempt's outcome, the
    deliveries' new states, and the message completed with the first answers (no
    addresses) and its status code: 201 when every delivery has a final answer for its
    first attempt, 202 when any was deferred.
 
-If this process dies after 4, the sweeper finds the `in_progress` attempts (unknown
-outcome) and the worker takes the deferred deliveries when due.
+If this process dies after 3, the sweeper finds the `in_progress` attempts (unknown
+outcome) and the worker takes the waiting deliveries when due.
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ from sender.schemas import (
     SendMessage,
     SuppressionView,
 )
-from suppression import service as suppression
 from suppression.db import Pg, pg_connection, pg_of, utcnow
 from suppression.models import Suppression
 from suppression.normalize import Address, InvalidAddress, normalize, normalize_email
@@ -151,9 +152,9 @@ class SendService:
             derived_key(protector, client_id, idempotency_key, channel, r.address.key)
             for r in recipients
         ]
-        # The breaker and the rate limiter first, so that the suppression check is the last
-        # thing before the claim commits (a suppression added while a limiter call was under
-        # way still counts). A recipient found suppressed has spent a token for nothing.
+        # The breaker and the rate limiter first: the suppression check is part of the claim
+        # (a suppression added while a limiter call was under way still counts). A recipient
+        # found suppressed has spent a token for nothing.
         outgoing: list[OutgoingMessage | None] = [None] * len(recipients)
         deferred: list[str | None] = [None] * len(recipients)
         if provider is not None:
@@ -174,62 +175,54 @@ class SendService:
         # The first `concurrency` calls get their attempt `in_progress` in the claim itself;
         # the others wait `queued` (due at the stale window, so the worker sends them if this
         # process dies) and get theirs just before their own call (`Dispatcher.finish`).
+        # The claim takes the suppression verdicts in the same statement.
         first_wave = max(1, self.config.concurrency)
         news: list[dlog.NewDelivery] = []
         calls: list[Call] = []
-        async with pg_connection(self.dispatcher.engine) as conn:
-            hits = await suppression.check_many(
-                conn, channel, hashes, category=request.category, topic=topic, now=now
+        for i, r in enumerate(recipients):
+            new = partial(
+                dlog.NewDelivery,
+                id=ids[i],
+                position=r.position,
+                recipient_hash=hashes[i],
+                recipient_encrypted=protector.encrypt(r.address.display),
+                derived_key=keys[i],
             )
-            for i, r in enumerate(recipients):
-                new = partial(
-                    dlog.NewDelivery,
-                    id=ids[i],
-                    position=r.position,
-                    recipient_hash=hashes[i],
-                    recipient_encrypted=protector.encrypt(r.address.display),
-                    derived_key=keys[i],
+            message_out = outgoing[i]
+            if provider is None or message_out is None:
+                # Nothing can send it here; the worker reports it when due.
+                news.append(new(status=st.QUEUED, next_attempt_at=safety_net))
+            elif deferred[i] is not None:
+                news.append(new(status=st.QUEUED, reason=deferred[i], next_attempt_at=defer_at))
+            else:
+                call = Call(
+                    delivery_id=ids[i],
+                    attempt_id=uuid.uuid4(),
+                    number=1,
+                    provider=provider,
+                    message=message_out,
+                    priority=request.priority,
+                    attempts=1,
+                    expires_at=request.expires_at,
                 )
-                hit = hits.get(hashes[i])
-                message_out: OutgoingMessage | None = outgoing[i]
-                if hit is not None:
-                    news.append(new(status=st.SUPPRESSED, reason=hit.reason, suppression_id=hit.id))
-                elif provider is None or message_out is None:
-                    # Nothing can send it here; the worker reports it when due.
-                    news.append(new(status=st.QUEUED, next_attempt_at=safety_net))
-                elif deferred[i] is not None:
-                    news.append(new(status=st.QUEUED, reason=deferred[i], next_attempt_at=defer_at))
-                else:
-                    call = Call(
-                        delivery_id=ids[i],
-                        attempt_id=uuid.uuid4(),
-                        number=1,
-                        provider=provider,
-                        message=message_out,
-                        priority=request.priority,
-                        attempts=1,
-                        expires_at=request.expires_at,
+                if len(calls) < first_wave:
+                    news.append(
+                        new(status=st.SENDING, provider=provider.name, attempt_id=call.attempt_id)
                     )
-                    if len(calls) < first_wave:
-                        news.append(
-                            new(
-                                status=st.SENDING,
-                                provider=provider.name,
-                                attempt_id=call.attempt_id,
-                            )
-                        )
-                    else:
-                        news.append(new(status=st.QUEUED, next_attempt_at=safety_net))
-                    calls.append(call)
-            claimed = await dlog.claim(
+                else:
+                    news.append(new(status=st.QUEUED, next_attempt_at=safety_net))
+                calls.append(call)
+        async with pg_connection(self.dispatcher.engine) as conn:
+            verdicts = await dlog.claim(
                 conn,
                 message,
                 news,
                 priority_rank=st.PRIORITY_RANK[request.priority],
                 now=now,
             )
-            if not claimed:
+            if verdicts is None:
                 return await self._duplicate(conn, client_id, idempotency_key, message.fingerprint)
+        calls = [c for c in calls if verdicts[c.delivery_id][0] != st.SUPPRESSED]
         recorded = await self._send_waves(calls, first_wave, message.id)
         if recorded.response_code is None:
             # Another request completed it first (a stale-request takeover): its record wins.

@@ -152,10 +152,27 @@ def _entry(row: Any) -> Suppression:
     )
 
 
-def _scopes_for(category: str, topic: str | None) -> list[str]:
+def scopes_for(category: str, topic: str | None) -> list[str]:
+    """The scopes whose entries stop a message of this category and topic."""
     if category == "transactional" or not topic:
         return [SCOPE_ALL]
     return [SCOPE_ALL, topic]
+
+
+def verdicts_sql(*, channel: str, hashes: str, scopes: str, now: str) -> str:
+    """The suppression check as a query another package's statement embeds (a CTE), so the
+    verdicts are taken in the same statement (and snapshot) as what it writes.
+
+    The arguments are the embedding statement's placeholders (e.g. `$5::text`); it yields
+    (address_hash, id, reason): for each suppressed hash the entry that stops it, the
+    channel-wide one first (`scopes` from `scopes_for`).
+    """
+    return (
+        "SELECT DISTINCT ON (address_hash) address_hash, id, reason FROM suppressions "  # noqa: S608
+        f"WHERE channel = {channel} AND address_hash = ANY({hashes}) "
+        f"AND scope = ANY({scopes}) AND (expires_at IS NULL OR expires_at > {now}) "
+        "ORDER BY address_hash, scope = 'all' DESC, created_at"
+    )
 
 
 _CHECK = """
@@ -183,7 +200,7 @@ async def check(
     """
     conn = await _pg(db)
     row = await conn.fetchrow(
-        _CHECK, channel, address_hash, _scopes_for(category, topic), now or utcnow()
+        _CHECK, channel, address_hash, scopes_for(category, topic), now or utcnow()
     )
     if row is None:
         return None
@@ -214,7 +231,7 @@ async def check_many(
         return {}
     conn = await _pg(db)
     rows = await conn.fetch(
-        _CHECK_MANY, channel, hashes, _scopes_for(category, topic), now or utcnow()
+        _CHECK_MANY, channel, hashes, scopes_for(category, topic), now or utcnow()
     )
     result: dict[str, Hit] = {}
     for address_hash, entry_id, reason, scope, created_at, expires_at in rows:
