@@ -164,7 +164,17 @@ return taken
 
 
 class RedisTokenBucket:
-    """Buckets in Redis, shared by every process: one atomic script call per acquire."""
+    """Buckets in Redis, shared by every process.
+
+    Tokens are taken from Redis in small leases: a call that finds no leased token left
+    takes what it needs plus up to `LEASE_SECONDS` of the bucket's rate (at its priority's
+    floor, in one script call) and keeps the rest for the next calls of this process for at
+    most `LEASE_SECONDS`. A lease that expires unused is lost, so a process can only send
+    less than the shared rate, never more; with small rates (below 1 / LEASE_SECONDS per
+    second) every call goes to Redis as before.
+    """
+
+    LEASE_SECONDS = 0.05
 
     def __init__(
         self,
@@ -180,16 +190,34 @@ class RedisTokenBucket:
         self._prefix = prefix
         self._clock = clock
         self._script = redis.register_script(_BUCKET_LUA)
+        # (key, priority) -> (leased tokens left, local time the lease ends)
+        self._leases: dict[tuple[str, str], tuple[int, float]] = {}
 
     async def acquire(self, key: str, priority: str) -> bool:
         """Take one token for `key` at `priority`; False when none is available to it."""
         return await self.acquire_many(key, priority, 1) == 1
 
     async def acquire_many(self, key: str, priority: str, n: int) -> int:
-        """Take up to `n` tokens for `key` at `priority` in one script call; how many."""
+        """Take up to `n` tokens for `key` at `priority` (leased ones first); how many."""
         bucket = self._config.lookup(key)
         if bucket is None:
             return n
+        local = self._clock() if self._clock is not None else time.monotonic()
+        left, until = self._leases.pop((key, priority), (0, 0.0))
+        if until <= local:
+            left = 0
+        if left >= n:
+            if left > n:
+                self._leases[(key, priority)] = (left - n, until)
+            return n
+        extra = math.floor(bucket.rate * self.LEASE_SECONDS)
+        got = await self._take(key, priority, bucket, n - left + extra)
+        have = left + got
+        if have > n:
+            self._leases[(key, priority)] = (have - n, local + self.LEASE_SECONDS)
+        return min(n, have)
+
+    async def _take(self, key: str, priority: str, bucket: Bucket, n: int) -> int:
         floor = bucket.floor_for(priority)
         now = self._clock() if self._clock is not None else -1.0
         # Idle buckets are full again after capacity/rate seconds; drop them then.

@@ -148,3 +148,34 @@ async def test_in_process_limiter_is_the_default_without_redis(services: Service
         build_limiter(services.settings.retry, redis=None, prefix="x:"), InProcessTokenBucket
     )
     assert isinstance(services.limiter, RedisTokenBucket)
+
+
+async def test_redis_tokens_are_leased_briefly_and_never_exceed_the_shared_rate(
+    services: Services,
+) -> None:
+    assert services.redis is not None
+    clock = FakeClock()
+    prefix = services.settings.redis_prefix + "lease:"
+    limits = {"ses": RateSpec(1000.0, 1000.0)}
+    a = RedisTokenBucket(services.redis, limits, prefix=prefix, clock=clock)
+    b = RedisTokenBucket(services.redis, limits, prefix=prefix, clock=clock)
+    calls = 0
+    take = a._take
+
+    async def counted(*args: object) -> int:
+        nonlocal calls
+        calls += 1
+        return await take(*args)  # type: ignore[arg-type]
+
+    a._take = counted  # type: ignore[method-assign]
+    # one Redis call leases 1 + 50 tokens (0.05 s of the rate); 51 sends need no other call
+    for _ in range(51):
+        assert await a.acquire("ses", "high")
+    assert calls == 1
+    assert await a.acquire("ses", "high") and calls == 2
+    # what process `a` leased is gone from the shared bucket: `b` gets the rest, no more
+    assert await b.acquire_many("ses", "high", 10_000) == 1000 - 102
+    # a lease ends after 0.05 s; tokens not used by then are lost, never spent later: after
+    # a second the bucket is full again and that is all anyone gets
+    clock.now += 1.0
+    assert await a.acquire_many("ses", "high", 10_000) == 1000
