@@ -207,12 +207,20 @@ async def check(
     return Hit(row[0], row[1], row[2], row[3], row[4])
 
 
-# `= ANY(array)` on the unique (channel, address_hash, scope) index: one index probe per
-# hash, one statement and one parameter whatever the number of addresses.
+# One probe of the unique (channel, address_hash, scope) index per hash (a LATERAL subquery
+# with a LIMIT is not flattened into a join), one statement and one parameter whatever the
+# number of addresses: written as a plain join or `address_hash = ANY($2)`, the planner
+# scans the whole table once the array is long. At most one row per scope, and `scopes_for`
+# gives at most two.
 _CHECK_MANY = """
-SELECT address_hash, id, reason, scope, created_at, expires_at FROM suppressions
-WHERE channel = $1 AND address_hash = ANY($2::text[]) AND scope = ANY($3::text[])
-  AND (expires_at IS NULL OR expires_at > $4)
+SELECT h.address_hash, s.id, s.reason, s.scope, s.created_at, s.expires_at
+FROM unnest($2::text[]) AS h(address_hash)
+CROSS JOIN LATERAL (
+    SELECT id, reason, scope, created_at, expires_at FROM suppressions
+    WHERE channel = $1 AND address_hash = h.address_hash AND scope = ANY($3::text[])
+      AND (expires_at IS NULL OR expires_at > $4)
+    LIMIT 2
+) AS s
 """
 
 
