@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -79,6 +80,11 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(start(services)) for start in background] if services else []
+        # Everything alive now (modules, routes, the service graph) lives as long as the
+        # process: keep it out of the cyclic collector's full passes, whose cost grows with
+        # every object they must walk and which otherwise pause the event loop for tens of
+        # milliseconds under load.
+        gc.freeze()
         try:
             yield
         finally:
