@@ -58,10 +58,6 @@ def create_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
     """
     return create_async_engine(
         async_url(url),
-        # Prepared statements keep one generic plan: the hot paths' statements (CTEs over
-        # arrays) cost PostgreSQL more to plan than to run, and their plans do not depend
-        # on the parameters' values.
-        connect_args={"server_settings": {"plan_cache_mode": "force_generic_plan"}},
         pool_size=pool_size,
         max_overflow=max(1, pool_size // 2),
         pool_pre_ping=False,

@@ -71,10 +71,13 @@ _SEEN = f"""
 SELECT k.i,
     EXISTS (SELECT 1 FROM provider_events e
             WHERE e.provider = k.provider AND e.provider_event_id = k.eid) AS stored,
+    -- Two probes (the partial index of parked events by message id; the delivery index)
+    -- rather than one OR, which the planner may answer with a scan of the whole table.
     EXISTS (SELECT 1 FROM provider_events e
-            WHERE e.disposition = '{PARKED}' AND (
-                (e.provider_message_id = k.pmid AND e.provider = k.provider)
-                OR e.delivery_id = k.did)) AS parked
+            WHERE e.disposition = '{PARKED}' AND e.provider_message_id = k.pmid
+              AND e.provider = k.provider)
+    OR EXISTS (SELECT 1 FROM provider_events e
+               WHERE e.delivery_id = k.did AND e.disposition = '{PARKED}') AS parked
 FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[])
     WITH ORDINALITY AS k(provider, eid, pmid, did, i)
 ORDER BY k.i
