@@ -88,10 +88,15 @@ class Feedback(Protocol):
 class FeedbackRunner:
     """Runs feedback in background tasks, a configurable moment after each send."""
 
+    CONCURRENCY = 4
+
     def __init__(self, feedback: Feedback | None = None, *, delay: float = 0.2) -> None:
         self.feedback = feedback
         self.delay = delay
         self._tasks: set[asyncio.Task[None]] = set()
+        # Simulated callbacks applied at the same time: under a burst of sends they wait
+        # here instead of taking every pooled database connection from the sends.
+        self._gate = asyncio.Semaphore(self.CONCURRENCY)
 
     def submit(self, events: list[Callable[[Feedback], Awaitable[object]]]) -> None:
         """Deliver `events` in order, each `delay` seconds after the previous one."""
@@ -107,7 +112,8 @@ class FeedbackRunner:
         for event in events:
             await asyncio.sleep(self.delay)
             try:
-                await event(feedback)
+                async with self._gate:
+                    await event(feedback)
             except Exception:
                 log.exception("sandbox feedback failed")
 
