@@ -49,6 +49,11 @@ def async_url(url: str) -> str:
     return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
 
 
+# Seconds a prepared statement is reused before asyncpg prepares it again (and PostgreSQL
+# plans it with the table sizes of now).
+STATEMENT_LIFETIME_SECONDS = 5
+
+
 def create_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
     """An async engine on asyncpg for `url` (any PostgreSQL URL form).
 
@@ -58,6 +63,11 @@ def create_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
     """
     return create_async_engine(
         async_url(url),
+        # The hot paths' statements are prepared once per connection; PostgreSQL then keeps
+        # the plan it chose with the table sizes of that moment. A plan made while a table
+        # was nearly empty (a new deployment, a bulk load) joins by scanning it, and stays
+        # until the table is analyzed: re-preparing every few seconds keeps plans current.
+        connect_args={"max_cached_statement_lifetime": STATEMENT_LIFETIME_SECONDS},
         pool_size=pool_size,
         max_overflow=max(1, pool_size // 2),
         pool_pre_ping=False,
