@@ -50,6 +50,7 @@ from benchmarks.load import (
     run_load,
     write_request_file,
 )
+from benchmarks.profile import Recording, record, summarize
 from benchmarks.report import Row, median, table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -232,6 +233,7 @@ class Bench:
         self.notes: list[str] = []
         self.stubs: dict[str, str] = {}
         self.api_key = ""
+        self.profiled: set[str] = set()
         self.engine: Engine = create_engine(sync_url(infra.database_url))
         infra.cleanups.append(self.engine.dispose)
         from suppression.crypto import AddressProtector
@@ -359,7 +361,10 @@ class Bench:
         """Run one load; the first request is tried alone first, so a wrong shape fails loudly."""
         if probe:
             self.probe(spec)
+        recording = self.start_profile(name, spec)
         result = run_load(spec)
+        if recording is not None:
+            log(summarize(recording.stop(), top=12))
         self.samples.setdefault(name, []).append(result)
         log(
             f"{name}: {result.rps:,.0f} req/s, p50 {result.p50_ms:.2f} ms, p99 "
@@ -371,6 +376,17 @@ class Bench:
                 f"{name}: {result.errors} of {result.requests} requests failed{statuses}"
             )
         return result
+
+    def start_profile(self, name: str, spec: LoadSpec) -> Recording | None:
+        """With --profile, sample the gateway under this load (first repetition only)."""
+        if self.args.profile is None:
+            return None
+        output = self.args.profile / f"{name}.txt"
+        gateway = next((gw for gw in self.gateways.values() if gw.base == spec.base), None)
+        if gateway is None or name in self.profiled:
+            return None
+        self.profiled.add(name)
+        return record(gateway.proc.pid, output)
 
     def probe(self, spec: LoadSpec) -> None:
         if spec.mode == "file":
@@ -1081,6 +1097,12 @@ def main(argv: list[str] | None = None) -> int:
         help="time cap of the memory scenario's sends (the figure says how many were made)",
     )
     parser.add_argument("--output", type=Path, default=RESULTS / "latest.json")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="record each load of the first repetition with py-spy into DIR/<scenario>.txt",
+    )
     parser.add_argument("--keep-logs", action="store_true", help="print the server logs' tails")
     args = parser.parse_args(argv)
 
