@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from litestar import Response, get
 
+from sender.dispatch import SEND_FLAGS
 from webhooks.errors import VERIFICATION_FAILURES
 from webhooks.ingest import EVENTS, PROVIDER_FLAGS
 
@@ -35,6 +36,12 @@ FAMILIES: tuple[tuple[str, str, tuple[str, str], collections.Counter[tuple[str, 
         "Account-level problems reported by provider feedback.",
         ("provider", "rule"),
         PROVIDER_FLAGS,
+    ),
+    (
+        "gateway_provider_send_flags_total",
+        "Account-configuration problems revealed by provider answers at send time.",
+        ("provider", "rule"),
+        SEND_FLAGS,
     ),
 )
 

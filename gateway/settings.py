@@ -218,6 +218,9 @@ def _retry(env: Mapping[str, str]) -> RetrySettings:
         rate_limits=_parsed(env, "GATEWAY_RATE_LIMITS", parse_rate_limits, d.rate_limits),
         low_priority_share=_share(env, "GATEWAY_RATE_LOW_SHARE", d.low_priority_share),
         defer_seconds=_number(env, "GATEWAY_RETRY_DEFER_SECONDS", d.defer_seconds, float, 0.0),
+        max_deferral_seconds=_number(
+            env, "GATEWAY_RETRY_MAX_DEFERRAL_SECONDS", d.max_deferral_seconds, float, 1.0
+        ),
         breaker_failure_ratio=_share(env, "GATEWAY_BREAKER_FAILURE_RATIO", d.breaker_failure_ratio),
         breaker_min_volume=_number(env, "GATEWAY_BREAKER_MIN_VOLUME", d.breaker_min_volume, int, 1),
         breaker_window_seconds=_number(

@@ -24,7 +24,7 @@ from retry.queue import DeliveryQueue
 from suppression.db import Pg, jsonb, pg_of, utcnow
 
 # Reasons written by this package; the send path may use others (e.g. "rejected").
-REASONS = ("max_attempts", "expired", "unknown_outcome")
+REASONS = ("max_attempts", "expired", "unknown_outcome", "max_deferral")
 STATES = ("open", "redriven", "discarded", "all")
 
 

@@ -115,8 +115,13 @@ class Failure(StrEnum):
     # The provider refused for now (throttled, 5xx, soft bounce): back off and try again.
     TRANSIENT = "transient"
     # Not the recipient's fault (paused account, unverified sender): wait out the breaker's
-    # account cool-down; not held to the attempt budget, only to the deadline.
+    # account cool-down; not held to the attempt budget, only to the deadline and the
+    # maximum deferral age (`settle_reason`).
     ACCOUNT = "account"
+    # The provider refused this one recipient for now (not reachable from this sender):
+    # back off within the attempt budget and the deadline; then the delivery has failed
+    # (that recipient's outcome, not a dead letter for an operator).
+    RECIPIENT = "recipient"
     # The request went out and no answer came back: wait the settle window for a callback.
     UNKNOWN = "unknown"
 
@@ -128,12 +133,13 @@ class Action(StrEnum):
     PAUSE = "pause"
     SETTLE = "settle"
     DEAD = "dead"
+    FAIL = "fail"
 
 
 @dataclass(frozen=True)
 class Decision:
     """The outcome of `decide`: the action, when the delivery is due again, and for `dead`
-    the dead-letter reason (`max_attempts` or `expired`)."""
+    (and `fail`) why it ends (`max_attempts` or `expired`)."""
 
     action: Action
     at: dt.datetime | None = None
@@ -171,6 +177,8 @@ def decide(
     )
     if at is None:
         reason = "max_attempts" if attempts_made >= backoff.max_attempts else "expired"
+        if failure is Failure.RECIPIENT:
+            return Decision(Action.FAIL, dead_reason=reason)
         return Decision(Action.DEAD, dead_reason=reason)
     return Decision(Action.RETRY, at)
 
@@ -185,16 +193,26 @@ def settle_reason(
     outcome_unknown: bool,
     transactional: bool,
     held_to_budget: bool,
+    deferred_since: dt.datetime | None = None,
 ) -> str | None:
     """The dead-letter reason when a due delivery must not be sent again, else None.
 
     `outcome_unknown`: its last attempt's outcome stayed unknown through the settle window
     (a second marketing message is billed and annoys, so by default it is not resent);
     `held_to_budget`: False for deliveries waiting for their first call or deferred without
-    an attempt (rate limit, open circuit, account pause), which only the deadline bounds.
+    an attempt (rate limit, open circuit, account pause), which are bounded instead by the
+    deadline and by the maximum deferral age: `deferred_since` is when the delivery began
+    waiting without a provider answer about it, and after `max_deferral_seconds` of that it
+    is dead-lettered `max_deferral` (so nothing waits for ever without a deadline).
     """
     if expires_at is not None and expires_at <= now:
         return "expired"
+    if (
+        not held_to_budget
+        and deferred_since is not None
+        and (now - deferred_since).total_seconds() >= settings.max_deferral_seconds
+    ):
+        return "max_deferral"
     if (
         outcome_unknown
         and not transactional

@@ -67,6 +67,10 @@ class RetrySettings:
     low_priority_share: float = 0.6
     # How far a send that found no token or an open breaker is pushed back (not an attempt).
     defer_seconds: float = 1.0
+    # How long a delivery may wait without any provider answer about it (deferred by a rate
+    # limit or an open circuit, paused by an account-level error) before it is dead-lettered
+    # `max_deferral`; the message's deadline bounds it earlier when it has one.
+    max_deferral_seconds: float = 86400.0
     breaker_failure_ratio: float = 0.5
     breaker_min_volume: int = 20
     breaker_window_seconds: float = 60.0

@@ -11,7 +11,8 @@ One round (`run_once`):
    -> dead letter `expired`; a non-transactional delivery whose outcome stayed unknown
    through the settle window -> dead letter `unknown_outcome` (unless configured to retry);
    attempt budget used up -> dead letter `max_attempts` (not for `queued` ones: a deferral
-   or an account-level pause is not held to the budget, only to the deadline). COMMIT.
+   or an account-level pause is not held to the budget, only to the deadline and to the
+   maximum deferral age -> dead letter `max_deferral`). COMMIT.
 2. Outside any transaction, call `dispatch(delivery_id)` for each remaining claimed row (a
    bounded number at a time, in priority order). The dispatch re-checks suppression and the
    deadline, makes one provider attempt, records it and reschedules or dead-letters itself.
@@ -167,6 +168,7 @@ class Worker:
             outcome_unknown=item.outcome_unknown,
             transactional=item.transactional,
             held_to_budget=item.held_to_budget,
+            deferred_since=item.deferred_since,
         )
 
     async def _dispatch_all(self, claimed: list[Due]) -> None:

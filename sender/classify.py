@@ -2,17 +2,29 @@
 
 A provider adapter reports what it observed on one call as a `SendOutcome` (an accepted
 message id, or an error code / HTTP status / transport failure). `classify` maps it to one of
-six classes that decide what the dispatcher does:
+eight classes that decide what the dispatcher does:
 
 * `accepted` — the provider took the message: delivery `sent`.
 * `transient` — try again later (bounded backoff; Retry-After is a floor).
 * `permanent_message` — this message can never go out: delivery `failed`.
 * `permanent_address` — the address is bad: delivery `failed` and the address suppressed
   (`invalid_address`, or `sms_stop` for Twilio 21610).
-* `account` — not the recipient's fault (paused/suspended account, unverified sender, routing):
-  no suppression, the delivery is deferred and the provider's circuit is told.
+* `recipient` — the provider refused this one recipient for now (Twilio 21612: the number is not
+  reachable by SMS from this sender): no suppression, retried within the attempt budget and
+  the deadline, then `failed` with the reason.
+* `destination` — our account may not send to this destination (Twilio 21408: SMS to the
+  number's region is not enabled for the account): `failed` at once with a reason that says
+  so, no suppression, and the account configuration is flagged (log line, metric).
+* `account` — a problem of the whole account (paused/suspended, bad credentials, unverified
+  sender): no suppression, the delivery is deferred and the provider's circuit is told.
 * `unknown_outcome` — the request went out and no answer came back (read timeout, dropped
   connection): the provider may have sent it, so the delivery waits for a callback.
+
+Only outcomes about the provider as a whole count against its circuit breaker
+(`Classification.provider_wide`): `account`, and `transient`/`unknown_outcome` unless the key
+is about one message or recipient (`RECIPIENT_SCOPED_KEYS`, e.g. Twilio 30003). A refusal
+about one recipient, one destination region or one message is that delivery's outcome and
+shows that the provider is answering.
 
 The tables are data: keys are `<provider>:<code>` for provider error codes,
 `<provider>:http_<status>` and `<provider>:http_<N>xx` for HTTP statuses,
@@ -32,6 +44,8 @@ ACCEPTED = "accepted"
 TRANSIENT = "transient"
 PERMANENT_MESSAGE = "permanent_message"
 PERMANENT_ADDRESS = "permanent_address"
+RECIPIENT = "recipient"
+DESTINATION = "destination"
 ACCOUNT = "account"
 UNKNOWN_OUTCOME = "unknown_outcome"
 
@@ -40,6 +54,8 @@ CLASSES: tuple[str, ...] = (
     TRANSIENT,
     PERMANENT_MESSAGE,
     PERMANENT_ADDRESS,
+    RECIPIENT,
+    DESTINATION,
     ACCOUNT,
     UNKNOWN_OUTCOME,
 )
@@ -81,6 +97,9 @@ class Classification:
     description: str
     suppression_reason: str | None = None
     retry_after: float | None = None
+    # Does this outcome say something about the provider (or our whole account) rather than
+    # about one recipient or message? Only those count against the circuit breaker.
+    provider_wide: bool = False
 
     @property
     def reason(self) -> str:
@@ -117,14 +136,28 @@ TWILIO_TABLE: dict[str, tuple[str, str]] = {
     "20429": (TRANSIENT, "too many requests"),
     "21211": (PERMANENT_ADDRESS, "invalid 'To' number"),
     "21212": (ACCOUNT, "invalid 'From' number"),
-    "21408": (ACCOUNT, "SMS permission not enabled for the 'To' region"),
+    # Geo permissions: the account may not text the To number's country. Every message to
+    # that region fails the same way until someone changes the account; others go out.
+    "21408": (
+        DESTINATION,
+        "SMS to the 'To' region is not enabled for this account (Twilio geo permissions)",
+    ),
     "21602": (PERMANENT_MESSAGE, "message body required"),
     "21606": (ACCOUNT, "'From' number not owned by the account"),
+    # Trial accounts (or accounts without an approved compliance profile) may only text
+    # verified numbers: about this recipient and the account's configuration.
+    "21608": (
+        DESTINATION,
+        "'To' number not verified for this account (trial or compliance profile restriction)",
+    ),
     "21610": (PERMANENT_ADDRESS, "recipient unsubscribed (STOP)"),
     "21611": (TRANSIENT, "'From' queue full"),
-    "21612": (ACCOUNT, "cannot route this To/From combination"),
+    # "Not currently reachable via SMS" with this To/From combination: sender-ID rules of the
+    # destination country or network, a carrier without connectivity. About this recipient.
+    "21612": (RECIPIENT, "'To' not reachable by SMS from this sender"),
     "21614": (PERMANENT_ADDRESS, "'To' is not a valid mobile number"),
     "21617": (PERMANENT_MESSAGE, "message body too long"),
+    "21635": (PERMANENT_ADDRESS, "'To' is a landline"),
     "30001": (TRANSIENT, "queue overflow"),
     "30002": (ACCOUNT, "account suspended"),
     "30003": (TRANSIENT, "unreachable handset"),
@@ -141,6 +174,13 @@ TWILIO_TABLE: dict[str, tuple[str, str]] = {
 
 # Address-level codes that mean "the recipient opted out" rather than "the address is bad".
 OPT_OUT_KEYS: frozenset[str] = frozenset({"twilio:21610"})
+
+# Transient codes about one message, sender or recipient (Twilio's carrier-side delivery
+# errors, a sender's own queue), not about the provider: they retry, but never count
+# against the provider's circuit breaker.
+RECIPIENT_SCOPED_KEYS: frozenset[str] = frozenset(
+    {"twilio:21611", "twilio:30003", "twilio:30008", "twilio:30009"}
+)
 
 # Rules that apply to every provider (looked up as `<provider>:<suffix>`, then `*:<suffix>`).
 GENERIC_TABLE: dict[str, tuple[str, str]] = {
@@ -226,6 +266,9 @@ def classify(outcome: SendOutcome, overrides: Mapping[str, str] | None = None) -
         suppression = None
         if kind == PERMANENT_ADDRESS:
             suppression = "sms_stop" if key in OPT_OUT_KEYS else "invalid_address"
-        retry_after = outcome.retry_after if kind in (TRANSIENT, ACCOUNT) else None
-        return Classification(kind, shown, description, suppression, retry_after)
+        retry_after = outcome.retry_after if kind in (TRANSIENT, ACCOUNT, RECIPIENT) else None
+        provider_wide = kind == ACCOUNT or (
+            kind in (TRANSIENT, UNKNOWN_OUTCOME) and key not in RECIPIENT_SCOPED_KEYS
+        )
+        return Classification(kind, shown, description, suppression, retry_after, provider_wide)
     raise AssertionError("the generic default always matches")  # pragma: no cover

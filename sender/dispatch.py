@@ -30,6 +30,7 @@ delivery id / derived key.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import logging
@@ -47,8 +48,10 @@ from sender import status as st
 from sender.classify import (
     ACCEPTED,
     ACCOUNT,
+    DESTINATION,
     PERMANENT_ADDRESS,
     PERMANENT_MESSAGE,
+    RECIPIENT,
     TRANSIENT,
     UNKNOWN_OUTCOME,
     Classification,
@@ -63,6 +66,10 @@ from suppression.normalize import normalize
 from suppression.tokens import issue_token, unsubscribe_url
 
 log = logging.getLogger("gateway.sender")
+
+# (provider, rule) -> account-configuration problems that provider answers at send time
+# revealed (e.g. Twilio 21408: SMS to a region not enabled); exposed by `/metrics`.
+SEND_FLAGS: collections.Counter[tuple[str, str]] = collections.Counter()
 
 Dispatch = Callable[[uuid.UUID], Awaitable[str]]
 # Called after the commit that recorded an outcome, with the delivery id: apply feedback
@@ -270,6 +277,7 @@ class Dispatcher:
             outcome_unknown=delivery.status == st.UNKNOWN,
             transactional=delivery.category == "transactional",
             held_to_budget=delivery.status != st.QUEUED,
+            deferred_since=delivery.deferred_since,
         )
         if reason is not None:
             await dlog.dead_letter(conn, delivery.id, reason=reason, last_error=None, now=now)
@@ -420,11 +428,12 @@ class Dispatcher:
             status, reason, last_error = st.SENT, None, None
         elif verdict.kind == PERMANENT_ADDRESS and verdict.suppression_reason:
             reason = verdict.suppression_reason
-        elif verdict.kind in (TRANSIENT, ACCOUNT, UNKNOWN_OUTCOME):
+        elif verdict.kind in (TRANSIENT, ACCOUNT, UNKNOWN_OUTCOME, RECIPIENT):
             failure = {
                 TRANSIENT: Failure.TRANSIENT,
                 ACCOUNT: Failure.ACCOUNT,
                 UNKNOWN_OUTCOME: Failure.UNKNOWN,
+                RECIPIENT: Failure.RECIPIENT,
             }[verdict.kind]
             decision = decide(
                 failure,
@@ -443,6 +452,7 @@ class Dispatcher:
                 Action.PAUSE: st.QUEUED,
                 Action.SETTLE: st.UNKNOWN,
                 Action.DEAD: st.DEAD,
+                Action.FAIL: st.FAILED,
             }[decision.action]
             if decision.action == Action.DEAD:
                 reason = decision.dead_reason
@@ -506,16 +516,30 @@ class Dispatcher:
         except Exception:
             # The outcome is committed; parked callbacks are also swept later.
             log.exception("post-send hook failed for delivery %s", call.delivery_id)
+        name = call.provider.name
+        if verdict.kind == DESTINATION:
+            # Not the recipient's fault and not the provider's health: our account is not
+            # set up for this destination. The delivery failed with a reason saying so; the
+            # operator is told (log line, metric) and other sends go on.
+            SEND_FLAGS[(name, verdict.key)] += 1
+            log.warning(
+                "%s refused delivery %s for the account's configuration (%s): delivery "
+                "failed; fix the provider account to send to this destination",
+                name,
+                call.delivery_id,
+                verdict.reason,
+            )
         if self.breaker is None:
             return
-        name = call.provider.name
         try:
-            if verdict.kind in (ACCEPTED, PERMANENT_MESSAGE, PERMANENT_ADDRESS):
-                await self.breaker.record_success(name)
-            elif verdict.kind == ACCOUNT:
+            # Only provider-wide outcomes count against the circuit: a refusal about one
+            # recipient, destination or message shows that the provider is answering.
+            if verdict.kind == ACCOUNT:
                 await self.breaker.record_failure(name, account_level=True)
-            else:
+            elif verdict.provider_wide:
                 await self.breaker.record_failure(name)
+            else:
+                await self.breaker.record_success(name)
         except Exception:
             log.exception("circuit breaker bookkeeping failed for %s", name)
 
@@ -531,6 +555,8 @@ def _attempt_status(verdict: Classification) -> str:
         TRANSIENT: st.AttemptStatus.TRANSIENT,
         PERMANENT_MESSAGE: st.AttemptStatus.FAILED,
         PERMANENT_ADDRESS: st.AttemptStatus.FAILED,
+        RECIPIENT: st.AttemptStatus.FAILED,
+        DESTINATION: st.AttemptStatus.FAILED,
         ACCOUNT: st.AttemptStatus.DEFERRED,
         UNKNOWN_OUTCOME: st.AttemptStatus.UNKNOWN,
     }[verdict.kind].value

@@ -37,7 +37,7 @@ _D = (
     "d.id, d.message_id, d.position, d.channel, d.recipient_hash, d.recipient_encrypted, "
     "d.derived_key, d.status, d.reason, d.provider, d.provider_message_id, d.category, "
     "d.topic, d.priority_rank, d.expires_at, d.attempts, d.next_attempt_at, d.last_error, "
-    "d.suppression_id, d.created_at, d.updated_at"
+    "d.suppression_id, d.created_at, d.updated_at, d.deferred_since"
 )
 _A = (
     "a.id, a.delivery_id, a.number, a.status, a.provider, a.provider_message_id, "
@@ -77,6 +77,7 @@ class DeliveryRow:
     suppression_id: uuid.UUID | None
     created_at: dt.datetime
     updated_at: dt.datetime
+    deferred_since: dt.datetime | None
 
     @property
     def priority(self) -> str:
@@ -188,7 +189,7 @@ WITH hits AS ({_HITS}), m AS (
     INSERT INTO deliveries (id, message_id, position, channel, recipient_hash,
         recipient_encrypted, derived_key, status, reason, suppression_id, provider,
         category, topic, priority_rank, expires_at, attempts, next_attempt_at,
-        created_at, updated_at)
+        created_at, updated_at, deferred_since)
     SELECT u.id, m.id, u.position, $5, u.hash, u.enc, u.key,
         CASE WHEN h.id IS NULL THEN u.status ELSE 'suppressed' END,
         CASE WHEN h.id IS NULL THEN u.reason ELSE h.reason END,
@@ -197,7 +198,8 @@ WITH hits AS ({_HITS}), m AS (
         $6, $7, $13, $9,
         CASE WHEN h.id IS NULL AND u.aid IS NOT NULL THEN 1 ELSE 0 END,
         CASE WHEN h.id IS NULL THEN u.next_at END,
-        $12, $12
+        $12, $12,
+        CASE WHEN h.id IS NULL AND u.status = 'queued' THEN $12::timestamptz END
     FROM m CROSS JOIN unnest($14::uuid[], $15::int2[], $16::text[], $17::text[],
         $18::text[], $19::text[], $20::text[], $21::text[], $22::uuid[], $23::timestamptz[])
         AS u(id, position, hash, enc, key, status, reason, provider, aid, next_at)
@@ -371,6 +373,7 @@ WITH r AS (
         next_attempt_at = r.next_at,
         provider_message_id = COALESCE(x.provider_message_id, r.pmid),
         parked_feedback = false,
+        deferred_since = CASE WHEN r.status = 'queued' THEN COALESCE(x.deferred_since, $1) END,
         updated_at = $1
     FROM r
     WHERE x.id = r.did AND x.status IN ('sending', 'unknown')
@@ -591,7 +594,8 @@ async def defer(
     """
     row = await conn.fetchrow(
         "WITH u AS (UPDATE deliveries SET status = 'queued', next_attempt_at = $2, "
-        "reason = $3, updated_at = $4 WHERE id = $1 AND status = ANY($5::text[]) "
+        "reason = $3, updated_at = $4, deferred_since = COALESCE(deferred_since, $4) "
+        "WHERE id = $1 AND status = ANY($5::text[]) "
         "RETURNING status) "
         "SELECT (SELECT status FROM u) AS new, (SELECT status FROM deliveries WHERE id = $1) "
         "AS old",
@@ -623,6 +627,7 @@ class DueDelivery:
     attempts: int
     outcome_unknown: bool
     held_to_budget: bool
+    deferred_since: dt.datetime | None = None
 
 
 _CLAIMABLE = sorted(st.DISPATCHABLE)
@@ -639,7 +644,7 @@ WITH due AS (
 UPDATE deliveries d SET next_attempt_at = NULL, updated_at = $1
 FROM due WHERE d.id = due.id
 RETURNING d.id, due.status, due.next_attempt_at, d.priority_rank, d.channel, d.category,
-    d.expires_at, d.attempts
+    d.expires_at, d.attempts, d.deferred_since
 """
 
 
@@ -659,6 +664,7 @@ def _due(row: Any) -> DueDelivery:
         # New, redriven, deferred (no token, open circuit) or paused by an account-level
         # error: `queued`, not held to the attempt budget (only to the deadline).
         held_to_budget=status != st.QUEUED,
+        deferred_since=row["deferred_since"],
     )
 
 
@@ -840,7 +846,8 @@ async def requeue_dead(
     budget (the attempt rows stay as history). Returns the ids that were dead."""
     rows = await conn.fetch(
         "UPDATE deliveries SET status = 'queued', attempts = 0, next_attempt_at = $2, "
-        "reason = NULL, updated_at = $2 WHERE id = ANY($1::uuid[]) AND status = 'dead' "
+        "reason = NULL, updated_at = $2, deferred_since = NULL "
+        "WHERE id = ANY($1::uuid[]) AND status = 'dead' "
         "RETURNING id",
         list(delivery_ids),
         now,
@@ -973,6 +980,8 @@ UPDATE deliveries SET
     last_error = COALESCE($8, last_error),
     next_attempt_at = CASE WHEN $9::timestamptz IS NOT NULL THEN $9
         WHEN $10 THEN NULL ELSE next_attempt_at END,
+    deferred_since = CASE WHEN $5::text IS NOT NULL AND $5::text <> 'queued' THEN NULL
+        ELSE deferred_since END,
     updated_at = $11
 WHERE id = $1 AND ($5::text IS NOT NULL OR $9::timestamptz IS NOT NULL OR $10)
 """

@@ -96,6 +96,10 @@ class Delivery(Base):
     # Set by the feedback path when it parks a callback that arrived while this delivery's
     # call was in flight; the send path applies parked events only when it is set.
     parked_feedback: Mapped[bool] = mapped_column(default=False, server_default=text("false"))
+    # When the delivery began waiting without any provider answer about it (deferred by a
+    # rate limit or an open circuit, paused by an account-level error); NULL once a call was
+    # answered. Bounds such waits by GATEWAY_RETRY_MAX_DEFERRAL_SECONDS.
+    deferred_since: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, onupdate=utcnow

@@ -14,8 +14,20 @@
 
 Failures: a timeout, a connection or TLS error, or a 5xx/429 from the certificate host raise
 `TemporaryFailure` (SNS then retries); a 3xx/4xx answer or a body that is not an acceptable
-certificate raise `VerificationFailed` (``cert_unavailable`` / ``bad_certificate``). Failures
-are not cached. Redis errors are logged and ignored (the store falls back to fetching).
+certificate raise `VerificationFailed` (``cert_unavailable`` / ``bad_certificate``). Redis
+errors are logged and ignored (the store falls back to fetching).
+
+Anyone can post an SNS-shaped message naming a real-looking certificate URL, and the fetch
+happens before the signature can be checked, so unauthenticated traffic must not be able to
+turn the gateway into a fetch loop:
+
+* failures are remembered per URL (negative cache, LRU of `max_failures` URLs): the same
+  error is raised again without a request for `failure_ttl_seconds` (60 s) after a
+  definitive failure, `temporary_failure_ttl_seconds` (15 s) after a temporary one (shorter
+  than the 20 s between SNS's own retries, so a genuine retry after a blip fetches again);
+* at most `max_concurrent_fetches` fetches run at once in a process; a fetch that finds
+  no free slot within `fetch_wait_seconds` is refused with `TemporaryFailure`
+  (``cert_fetch_busy``: 503 with Retry-After, SNS retries) and is not remembered.
 The certificate's validity period is checked by the verifier against its injectable clock,
 not here.
 """
@@ -28,6 +40,7 @@ import logging
 import ssl
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -37,7 +50,7 @@ from cryptography.x509.oid import NameOID
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from webhooks.errors import TemporaryFailure, VerificationFailed
+from webhooks.errors import TemporaryFailure, VerificationFailed, WebhookError
 from webhooks.sns import SNS_HOST_PATTERN, is_sns_url
 
 __all__ = ["MAX_CERT_BYTES", "CertificateStore", "default_ssl_context"]
@@ -68,6 +81,12 @@ class CertificateStore:
         max_entries: int = 64,
         timeout_seconds: float = 3.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        failure_ttl_seconds: float = 60.0,
+        temporary_failure_ttl_seconds: float = 15.0,
+        max_failures: int = 1024,
+        max_concurrent_fetches: int = 4,
+        fetch_wait_seconds: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._redis = redis
         self._redis_prefix = redis_prefix
@@ -78,6 +97,14 @@ class CertificateStore:
         self._ssl: ssl.SSLContext | None = None
         self._cache: OrderedDict[str, tuple[float, x509.Certificate]] = OrderedDict()
         self._inflight: dict[str, asyncio.Task[x509.Certificate]] = {}
+        self._failure_ttl = failure_ttl_seconds
+        self._temporary_failure_ttl = temporary_failure_ttl_seconds
+        self._max_failures = max(1, max_failures)
+        # url -> (remembered until, the failure): raised again without a request.
+        self._failures: OrderedDict[str, tuple[float, WebhookError]] = OrderedDict()
+        self._fetch_slots = asyncio.Semaphore(max(1, max_concurrent_fetches))
+        self._fetch_wait = fetch_wait_seconds
+        self._clock = clock
         self.fetch_count = 0
 
     def redis_key(self, url: str) -> str:
@@ -98,6 +125,13 @@ class CertificateStore:
                 self._cache.move_to_end(url)
                 return certificate
             del self._cache[url]
+        remembered = self._failures.get(url)
+        if remembered is not None:
+            until, error = remembered
+            if self._clock() < until:
+                # A fresh exception of the same kind: no request, no shared traceback.
+                raise type(error)(error.message, reason=error.reason)
+            del self._failures[url]
         task = self._inflight.get(url)
         if task is None:
             task = asyncio.create_task(self._load(url))
@@ -107,8 +141,9 @@ class CertificateStore:
         return await asyncio.shield(task)
 
     def clear(self) -> None:
-        """Forget the in-process cache (Redis entries expire on their own)."""
+        """Forget the in-process caches, failures too (Redis entries expire on their own)."""
         self._cache.clear()
+        self._failures.clear()
 
     def _load_done(self, url: str, task: asyncio.Task[x509.Certificate]) -> None:
         if self._inflight.get(url) is task:
@@ -125,8 +160,12 @@ class CertificateStore:
             except VerificationFailed:
                 log.warning("discarding an unusable shared SNS certificate for %s", url)
         if certificate is None:
-            pem = await self._fetch(url)
-            certificate = parse_certificate(pem)
+            try:
+                pem = await self._fetch(url)
+                certificate = parse_certificate(pem)
+            except (VerificationFailed, TemporaryFailure) as error:
+                self._remember_failure(url, error)
+                raise
             await self._to_redis(url, pem)
         self._cache[url] = (time.monotonic() + self._ttl, certificate)
         self._cache.move_to_end(url)
@@ -134,7 +173,32 @@ class CertificateStore:
             self._cache.popitem(last=False)
         return certificate
 
+    def _remember_failure(self, url: str, error: WebhookError) -> None:
+        if error.reason == "cert_fetch_busy":
+            return  # our own load shedding says nothing about the URL
+        temporary = isinstance(error, TemporaryFailure)
+        ttl = self._temporary_failure_ttl if temporary else self._failure_ttl
+        if ttl <= 0:
+            return
+        self._failures[url] = (self._clock() + ttl, error)
+        self._failures.move_to_end(url)
+        while len(self._failures) > self._max_failures:
+            self._failures.popitem(last=False)
+
     async def _fetch(self, url: str) -> bytes:
+        try:
+            async with asyncio.timeout(self._fetch_wait):
+                await self._fetch_slots.acquire()
+        except TimeoutError:
+            raise TemporaryFailure(
+                "too many SNS certificate fetches under way", reason="cert_fetch_busy"
+            ) from None
+        try:
+            return await self._fetch_now(url)
+        finally:
+            self._fetch_slots.release()
+
+    async def _fetch_now(self, url: str) -> bytes:
         self.fetch_count += 1
         try:
             async with asyncio.timeout(self._timeout):

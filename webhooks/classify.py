@@ -38,7 +38,10 @@ class Outcome:
     `suppression`: the reason the recipient's address is suppressed for the whole channel.
     `retry`: the delivery goes to the bounded retry queue (a transient failure).
     `soft_bounce`: counts toward the soft-bounce threshold of the address.
-    `flag_provider`: an account-level problem (circuit breaker, alert), not the recipient's.
+    `flag_provider`: a problem of our provider account, not the recipient's (alert, metric).
+    `opens_circuit`: a problem of the whole account (paused, suspended): the provider's
+    circuit breaker is told. A destination the account is not set up for (a region not
+    enabled) is flagged but is no reason to stop every other send.
     """
 
     name: str
@@ -47,6 +50,7 @@ class Outcome:
     retry: bool = False
     soft_bounce: bool = False
     flag_provider: bool = False
+    opens_circuit: bool = False
 
 
 OUTCOMES: dict[str, Outcome] = {
@@ -65,7 +69,8 @@ OUTCOMES: dict[str, Outcome] = {
         Outcome("opt_out", state=FAILED, suppression="sms_stop"),
         Outcome("invalid_address", state=FAILED, suppression="invalid_address"),
         Outcome("transient", state=TRANSIENT, retry=True),
-        Outcome("account", state=FAILED, flag_provider=True),
+        Outcome("account", state=FAILED, flag_provider=True, opens_circuit=True),
+        Outcome("destination", state=FAILED, flag_provider=True),
         # Topic (un)subscriptions and inbound keywords act on the address only.
         Outcome("subscription"),
         Outcome("inbound"),
@@ -129,8 +134,11 @@ DEFAULT_TABLE: dict[str, str] = {
     "twilio:30002": "account",
     "twilio:30032": "account",
     "twilio:30034": "account",
-    "twilio:21408": "account",
-    "twilio:21612": "account",
+    # About one destination or recipient, never the whole account: the region is not
+    # enabled for the account (flagged for the operator) / the number is not reachable
+    # from this sender.
+    "twilio:21408": "destination",
+    "twilio:21612": "failed",
     # Unknown codes, and failures without a code: transient, bounded by the retry budget.
     "twilio:default": "transient",
     "twilio:inbound": "inbound",

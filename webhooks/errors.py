@@ -43,8 +43,8 @@ reason                             meaning
 =================================  ==========================================================
 
 `MalformedPayload` uses the reason ``malformed_payload``; `TemporaryFailure` uses
-``cert_fetch_failed`` (connection/TLS error, 5xx or 429 from the certificate host) and
-``cert_fetch_timeout``.
+``cert_fetch_failed`` (connection/TLS error, 5xx or 429 from the certificate host),
+``cert_fetch_timeout`` and ``cert_fetch_busy`` (too many certificate fetches under way).
 
 `VERIFICATION_FAILURES` counts `VerificationFailed` only (the 403s), keyed by
 ``(provider, reason)``; `record_failure` logs one line and increments it. Malformed payloads

@@ -202,7 +202,7 @@ class FeedbackIngestor:
     async def ingest(self, events: Sequence[FeedbackEvent]) -> list[str]:
         """Apply normalized events in one transaction; one disposition per event."""
         prepared = [self._prepare(storable(event)) for event in events]
-        flags: list[tuple[str, str]] = []
+        flags: list[tuple[str, str, bool]] = []
         counts: list[tuple[str, str]] = []
         dispositions: list[str] = []
         async with pg_connection(self._engine) as pg:
@@ -358,7 +358,7 @@ class FeedbackIngestor:
         pg: Pg,
         prepared: _Prepared,
         parked_waiting: bool,
-        flags: list[tuple[str, str]],
+        flags: list[tuple[str, str, bool]],
         counts: list[tuple[str, str]],
     ) -> str:
         event, classification = prepared.event, prepared.classification
@@ -392,7 +392,7 @@ class FeedbackIngestor:
             when = event.occurred_at or received_at
             changed = await self._address_effects(pg, event, outcome, address, target, now, when)
             if outcome.flag_provider:
-                flags.append((event.provider, classification.rule))
+                flags.append((event.provider, classification.rule, outcome.opens_circuit))
             if changed and disposition in (IGNORED, DUPLICATE, REGRESSION):
                 disposition = APPLIED
         row_id = await store.insert(
@@ -816,11 +816,11 @@ class FeedbackIngestor:
         )
         return APPLIED if removed else IGNORED
 
-    async def _flag(self, flags: Sequence[tuple[str, str]]) -> None:
-        for provider, rule in flags:
+    async def _flag(self, flags: Sequence[tuple[str, str, bool]]) -> None:
+        for provider, rule, opens_circuit in flags:
             PROVIDER_FLAGS[(provider, rule)] += 1
             log.warning("provider %s reported an account-level problem (%s)", provider, rule)
-            if self._on_account_problem is None:
+            if self._on_account_problem is None or not opens_circuit:
                 continue
             try:
                 await self._on_account_problem(provider, rule)

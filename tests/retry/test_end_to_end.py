@@ -262,3 +262,104 @@ async def test_a_campaign_never_delays_an_otp(rig: Rig) -> None:
     # the OTP still gets a token at once
     otp = await rig.send("+14155552799", priority="high")
     assert await rig.status(otp) == "sent"
+
+
+# -- one recipient never stops every SMS (issue 11, defect 2) ---------------------------------
+
+
+async def test_a_recipient_twilio_cannot_reach_fails_it_alone(rig: Rig) -> None:
+    # Twilio 21612: this number is not reachable by SMS from this sender. Before, it opened
+    # the Twilio circuit for the account cool-down and every other SMS was deferred.
+    unreachable, other = "+15005550002", "+14155552675"
+    rig.stub.by_recipient[unreachable] = Behavior.error(
+        400, 21612, "The 'To' phone number is not currently reachable via SMS."
+    )
+    delivery_id = await rig.send(unreachable)
+    assert await rig.status(delivery_id) == "retrying"
+    assert await rig.services.breaker.state("twilio") == "closed"
+    other_id = await rig.send(other)
+    assert await rig.status(other_id) == "sent"
+
+    async def failed() -> bool:
+        return await rig.status(delivery_id) == "failed"
+
+    await rig.run_worker_until(failed)
+    # a bounded retry, then the recipient's own outcome: failed with the reason, no dead
+    # letter, no suppression (the number may be fine from another sender)
+    assert rig.calls(unreachable) == MAX_ATTEMPTS
+    async with rig.services.sessions() as s:
+        row = (await s.execute(select(deliveries).where(deliveries.c.id == delivery_id))).one()
+        assert (await s.execute(select(DeadLetter))).first() is None
+        hit = await suppression.check(
+            s, "sms", rig.services.protector.hash("sms", unreachable), category="transactional"
+        )
+    assert row.reason.startswith("twilio:21612") and "not reachable" in row.reason
+    assert hit is None
+    assert await rig.services.breaker.state("twilio") == "closed"
+    assert rig.calls(other) == 1
+
+
+async def test_a_region_not_enabled_fails_at_once_and_flags_the_account(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sender.dispatch import SEND_FLAGS
+
+    # Twilio 21408: SMS to the number's region is not enabled for the account.
+    blocked, other = "+15005550003", "+14155552676"
+    rig.stub.by_recipient[blocked] = Behavior.error(
+        400, 21408, "Permission to send an SMS has not been enabled for the region"
+    )
+    before = SEND_FLAGS[("twilio", "twilio:21408")]
+    caplog.set_level("WARNING", logger="gateway.sender")
+    response = await rig.client.post(
+        "/v1/messages",
+        json={"channel": "sms", "to": [blocked, other], "body": "Your code is 123456"},
+        headers={**rig.headers, "Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert response.status_code == 201, response.text
+    answers = {d["to"]: d for d in response.json()["deliveries"]}
+    assert answers[blocked]["status"] == "failed"
+    assert "not enabled for this account" in answers[blocked]["reason"]
+    assert answers[other]["status"] == "sent"
+    assert SEND_FLAGS[("twilio", "twilio:21408")] == before + 1
+    assert any("configuration" in r.getMessage() for r in caplog.records)
+    assert await rig.services.breaker.state("twilio") == "closed"
+    # the next SMS still goes out
+    later = await rig.send("+14155552677")
+    assert await rig.status(later) == "sent"
+    assert rig.calls(blocked) == 1
+
+
+@pytest.mark.parametrize("rig", [{"breaker_min_volume": 2}], indirect=True)
+async def test_per_message_carrier_errors_do_not_count_against_the_circuit(rig: Rig) -> None:
+    # 30003 (unreachable handset) retries, but says nothing about Twilio itself: even a
+    # window full of them leaves the circuit closed.
+    for n in range(4):
+        to = f"+1415555268{n}"
+        rig.stub.then_to(to, Behavior.error(400, 30003, "Unreachable destination handset"))
+        assert await rig.status(await rig.send(to)) == "retrying"
+    assert await rig.services.breaker.state("twilio") == "closed"
+
+
+@pytest.mark.parametrize("rig", [{"max_deferral_seconds": 1.0}], indirect=True)
+async def test_a_deferral_without_an_attempt_is_bounded_by_the_maximum_deferral_age(
+    rig: Rig,
+) -> None:
+    # The account is in trouble (the circuit is open for the long account cool-down) and the
+    # message has no deadline: it is deferred again and again without an attempt, but not
+    # for ever.
+    await rig.services.breaker.record_failure("twilio", account_level=True)
+    to = "+14155552690"
+    delivery_id = await rig.send(to)
+    assert await rig.status(delivery_id) == "queued"
+
+    async def dead() -> bool:
+        return await rig.status(delivery_id) == "dead"
+
+    await rig.run_worker_until(dead)
+    assert rig.calls(to) == 0
+    async with rig.services.sessions() as s:
+        entries, _ = await dlq.list_entries(
+            s, rig.services.delivery_queue, dlq.DeadLetterFilter(reason="max_deferral")
+        )
+    assert [e.row.delivery_id for e in entries] == [delivery_id]

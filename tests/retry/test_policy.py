@@ -12,12 +12,16 @@ from hypothesis import strategies as st
 
 from gateway.settings import SettingsError, load_settings
 from retry.policy import (
+    Action,
     Backoff,
+    Failure,
     backoff_for,
     backoff_from_settings,
     ceiling_seconds,
+    decide,
     delay_seconds,
     next_attempt_at,
+    settle_reason,
 )
 from retry.settings import (
     PolicyOverride,
@@ -220,3 +224,73 @@ def test_bad_retry_settings_name_their_variable(name: str, value: str) -> None:
     with pytest.raises(SettingsError) as err:
         load_settings({name: value})
     assert err.value.name == name
+
+
+# -- recipient refusals and the maximum deferral age (issue 11, defect 2) --------------------
+
+
+def test_a_recipient_refusal_retries_within_the_budget_then_fails() -> None:
+    backoff = Backoff(1.0, 10.0, 3)
+    settings = RetrySettings()
+    again = decide(
+        Failure.RECIPIENT,
+        backoff=backoff,
+        attempts_made=1,
+        now=NOW,
+        expires_at=None,
+        settings=settings,
+        rng=MaxRng(),
+    )
+    assert again.action is Action.RETRY and again.at is not None
+    done = decide(
+        Failure.RECIPIENT,
+        backoff=backoff,
+        attempts_made=3,
+        now=NOW,
+        expires_at=None,
+        settings=settings,
+    )
+    assert (done.action, done.dead_reason) == (Action.FAIL, "max_attempts")
+    late = decide(
+        Failure.RECIPIENT,
+        backoff=backoff,
+        attempts_made=1,
+        now=NOW,
+        expires_at=NOW + dt.timedelta(seconds=0.5),
+        settings=settings,
+        rng=MaxRng(),
+    )
+    assert (late.action, late.dead_reason) == (Action.FAIL, "expired")
+
+
+@pytest.mark.parametrize(
+    ("waited", "held", "expected"),
+    [
+        (3599.0, False, None),
+        (3600.0, False, "max_deferral"),
+        (10**6, True, None),  # held to the attempt budget instead
+    ],
+)
+def test_a_deferral_without_a_deadline_ends_at_the_maximum_deferral_age(
+    waited: float, held: bool, expected: str | None
+) -> None:
+    reason = settle_reason(
+        backoff=Backoff(1.0, 10.0, 3),
+        attempts_made=0,
+        now=NOW,
+        expires_at=None,
+        settings=RetrySettings(max_deferral_seconds=3600.0),
+        outcome_unknown=False,
+        transactional=True,
+        held_to_budget=held,
+        deferred_since=NOW - dt.timedelta(seconds=waited),
+    )
+    assert reason == expected
+
+
+def test_the_maximum_deferral_age_setting() -> None:
+    assert load_settings({}).retry.max_deferral_seconds == 86400.0
+    env = {"GATEWAY_RETRY_MAX_DEFERRAL_SECONDS": "90"}
+    assert load_settings(env).retry.max_deferral_seconds == 90.0
+    with pytest.raises(SettingsError, match="GATEWAY_RETRY_MAX_DEFERRAL_SECONDS"):
+        load_settings({"GATEWAY_RETRY_MAX_DEFERRAL_SECONDS": "0"})

@@ -7,6 +7,7 @@ and suppressed, a second send to it ends `suppressed` without a provider call, a
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -14,8 +15,9 @@ from typing import Any
 import httpx
 
 from gateway.services import Services
+from gateway.settings import Settings
 from suppression import service as suppression
-from tests.conftest import bearer
+from tests.conftest import bearer, replace_settings
 from tests.sender.helpers import attempts_of, email, sms
 
 
@@ -102,3 +104,27 @@ async def test_complaint_and_sms(
     assert view["deliveries"][0]["status"] == "delivered"
     assert await _suppressed_for(services, "sms", "+15005550001") == "invalid_address"
     assert await _suppressed_for(services, "sms", "+15005550004") == "sms_stop"
+
+
+async def test_magic_numbers_cannot_wedge_the_sandbox(
+    settings: Settings, make_gateway: Callable[..., Any]
+) -> None:
+    # +15005550002 (21612) and +15005550003 (21408) used to open the Twilio circuit, so the
+    # sandbox deferred every SMS after them ("deferred: twilio circuit open"), also after a
+    # restart, when their retries came due and opened it again.
+    unlimited = replace_settings(
+        settings, retry=dataclasses.replace(settings.retry, rate_limits={})
+    )
+    async with make_gateway(unlimited) as gw:
+        assert gw.services.settings.sms_provider == "sandbox"
+        for _ in range(3):
+            r = await gw.send(sms(["+15005550002", "+15005550003"]))
+            unreachable, region = r.json()["deliveries"]
+            assert unreachable["status"] == "retrying"
+            assert unreachable["reason"].startswith("twilio:21612")
+            assert region["status"] == "failed"
+            assert "not enabled for this account" in region["reason"]
+            ok = await gw.send(sms("+15005550006"))
+            assert ok.status_code == 201
+            assert ok.json()["deliveries"][0]["status"] == "sent"
+        assert await gw.services.breaker.state("twilio") == "closed"

@@ -125,11 +125,11 @@ async def test_account_problems_defer_without_suppressing_and_open_the_circuit(
     providers_gateway: Gateway, twilio_stub: TwilioStub
 ) -> None:
     gw = providers_gateway
-    twilio_stub.then(Behavior.error(400, 21612, "cannot route"))
+    twilio_stub.then(Behavior.error(401, 20003, "Authenticate"))
     r = await gw.send(sms("+14155552671"))
     assert r.status_code == 202
     answer = r.json()["deliveries"][0]
-    assert answer["status"] == "queued" and answer["reason"].startswith("twilio:21612")
+    assert answer["status"] == "queued" and answer["reason"].startswith("twilio:20003")
     row = await delivery(gw.services, answer["id"])
     assert row.next_attempt_at is not None
     [attempt] = await attempts_of(gw.services, answer["id"])

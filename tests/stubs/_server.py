@@ -11,6 +11,8 @@ monotonic time it arrived. Behaviours:
 * `error` — an HTTP error answer with a provider error code and optional headers.
 * `drop` — the provider takes the message, then the connection is closed without an answer
   (the client sees a dropped connection after its request went out).
+* `hang` — the provider never answers and never takes the message: the connection is held
+  until `hold` is set (at most 30 s), then closed (the client's read timeout fires first).
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ class Behavior:
     @classmethod
     def drop(cls) -> Behavior:
         return cls("drop")
+
+    @classmethod
+    def hang(cls, hold: threading.Event) -> Behavior:
+        return cls("hang", hold=hold)
 
 
 @dataclass
@@ -204,6 +210,11 @@ class StubServer:
         with self._lock:
             self.calls.append(Call(handler.path, headers, body, recipient, behavior.kind, at))
         self.received.set()
+        if behavior.kind == "hang":
+            if behavior.hold is not None:
+                behavior.hold.wait(timeout=30)
+            handler.close_connection = True
+            return
         if behavior.kind == "error":
             status, answer, extra = self.failure(behavior)
             handler._send(status, answer, {**extra, **behavior.headers})

@@ -110,19 +110,93 @@ async def test_a_cancelled_waiter_does_not_cancel_the_shared_fetch() -> None:
     assert first.cancelled() and store.fetch_count == 1
 
 
-async def test_concurrent_failures_are_shared_and_not_cached() -> None:
+class Clock:
+    """A monotonic clock that moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_concurrent_failures_are_shared_and_remembered_briefly() -> None:
     gate = asyncio.Event()
     answers = iter([httpx.Response(503)])
     host = FakeCertHost(gate=gate, handler=lambda request: next(answers, None))
-    store = cert_fetcher(host)
+    clock = Clock()
+    store = cert_fetcher(host, clock=clock)
     waiters = [asyncio.ensure_future(store.get(URL_A)) for _ in range(5)]
     await _until(lambda: len(host.requests) == 1)
     gate.set()
     results = await asyncio.gather(*waiters, return_exceptions=True)
     assert all(isinstance(r, TemporaryFailure) for r in results)
     assert store.fetch_count == 1
+    # Remembered for the short temporary-failure window: no request meanwhile.
+    with pytest.raises(TemporaryFailure) as info:
+        await store.get(URL_A)
+    assert info.value.reason == "cert_fetch_failed"
+    assert store.fetch_count == 1
+    clock.now += 15
     assert (await store.get(URL_A)).subject == sns_leaf().certificate.subject
     assert store.fetch_count == 2
+
+
+async def test_a_failing_url_is_fetched_once_a_minute_whatever_the_traffic() -> None:
+    # Issue 11, defect 7: forged SNS messages naming a real-looking certificate URL made the
+    # gateway fetch it on every request.
+    host = FakeCertHost(handler=lambda request: httpx.Response(404))
+    clock = Clock()
+    store = cert_fetcher(host, clock=clock)
+    for _ in range(50):
+        with pytest.raises(VerificationFailed) as info:
+            await store.get(URL_A)
+        assert info.value.reason == "cert_unavailable"
+    assert host.requests == [URL_A]
+    # per URL: another URL is still fetched
+    with pytest.raises(VerificationFailed):
+        await store.get(URL_B)
+    assert host.requests == [URL_A, URL_B]
+    clock.now += 59
+    with pytest.raises(VerificationFailed):
+        await store.get(URL_A)
+    assert len(host.requests) == 2
+    clock.now += 1
+    with pytest.raises(VerificationFailed):
+        await store.get(URL_A)
+    assert host.requests == [URL_A, URL_B, URL_A]
+
+
+async def test_remembered_failures_are_bounded() -> None:
+    host = FakeCertHost(handler=lambda request: httpx.Response(404))
+    store = cert_fetcher(host, max_failures=2)
+    for url in (URL_A, URL_B, URL_C):
+        with pytest.raises(VerificationFailed):
+            await store.get(url)
+    with pytest.raises(VerificationFailed):
+        await store.get(URL_A)  # the oldest was forgotten: fetched again
+    with pytest.raises(VerificationFailed):
+        await store.get(URL_C)  # still remembered
+    assert host.requests == [URL_A, URL_B, URL_C, URL_A]
+
+
+async def test_concurrent_fetches_are_bounded_and_the_excess_is_told_to_retry() -> None:
+    gate = asyncio.Event()
+    host = FakeCertHost(gate=gate)
+    store = cert_fetcher(host, max_concurrent_fetches=2, fetch_wait_seconds=0.05)
+    urls = [
+        f"https://sns.us-east-1.amazonaws.com/SimpleNotificationService-{i}.pem" for i in range(8)
+    ]
+    waiters = [asyncio.ensure_future(store.get(url)) for url in urls]
+    refused = await asyncio.gather(*waiters[2:], return_exceptions=True)
+    assert all(isinstance(r, TemporaryFailure) and r.reason == "cert_fetch_busy" for r in refused)
+    assert len(host.requests) == 2 and store.fetch_count == 2
+    gate.set()
+    for got in await asyncio.gather(*waiters[:2]):
+        assert got.subject == sns_leaf().certificate.subject
+    # being busy is not remembered against the URL: it is fetched once a slot is free
+    assert (await store.get(urls[5])).subject == sns_leaf().certificate.subject
+    assert store.fetch_count == 3
 
 
 async def test_ttl_expiry_refetches() -> None:

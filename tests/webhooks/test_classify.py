@@ -127,8 +127,8 @@ TWILIO_CODES = {
     "30002": ("account", None, False, True),
     "30032": ("account", None, False, True),
     "30034": ("account", None, False, True),
-    "21408": ("account", None, False, True),
-    "21612": ("account", None, False, True),
+    "21408": ("destination", None, False, True),
+    "21612": ("failed", None, False, False),
     # Unknown codes: transient, bounded by the retry budget.
     "30044": ("transient", None, True, False),
     "30010": ("transient", None, True, False),

@@ -737,14 +737,20 @@ async def test_unknown_message_type_is_refused(verifier: SnsVerifier) -> None:
     await refused(verifier, sns_body(message), "unknown_message_type")
 
 
-async def test_certificate_fetch_failure_is_temporary_and_not_cached() -> None:
+async def test_certificate_fetch_failure_is_temporary_and_remembered_briefly() -> None:
     answers = iter([httpx.Response(503), httpx.Response(502)])
     host = FakeCertHost(handler=lambda request: next(answers, None))
-    verifier = SnsVerifier(allowed_topic_arns=[TEST_TOPIC_ARN], certs=cert_fetcher(host))
+    now = [0.0]
+    store = cert_fetcher(host, clock=lambda: now[0])
+    verifier = SnsVerifier(allowed_topic_arns=[TEST_TOPIC_ARN], certs=store)
     body = sns_body(sign_sns(sns_message()))
     for _ in range(2):
         with pytest.raises(TemporaryFailure):
             await verifier.verify(body)
+        # the failure is remembered: the retry within the window fetches nothing
+        with pytest.raises(TemporaryFailure):
+            await verifier.verify(body)
+        now[0] += 15
     assert (await verifier.verify(body)).type == "Notification"
     assert len(host.requests) == 3
 
