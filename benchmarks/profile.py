@@ -70,18 +70,23 @@ def record(pid: int, output: Path) -> Recording:
 
 
 def package_of(frame: str) -> str:
-    """The package a frame's file belongs to (site-packages name, our package, or stdlib)."""
+    """The top-level package of a frame's file (py-spy names files relative to their
+    import root: ``asyncpg/connection.py``), ``stdlib:<name>`` for the standard library,
+    or ``(no Python frame)`` for a sample taken in native code outside any frame."""
     match = FRAME.match(frame.strip())
-    path = match.group("file") if match else frame
-    parts = Path(path).parts
-    if "site-packages" in parts:
-        return parts[parts.index("site-packages") + 1].removesuffix(".py")
-    for own in OWN_PACKAGES:
-        if own in parts:
-            return own
+    if not match:
+        return "(no Python frame)"
+    path = match.group("file")
     if path.startswith("<"):
         return path
-    return "stdlib:" + Path(path).stem
+    parts = Path(path).parts
+    if "site-packages" in parts:
+        parts = parts[parts.index("site-packages") + 1 :]
+    own = [part for part in parts if part in OWN_PACKAGES]
+    if path.startswith("/") and own:
+        return own[0]
+    top = parts[0].removesuffix(".py") if parts else path
+    return f"stdlib:{top}" if top in sys.stdlib_module_names else top
 
 
 def summarize(path: Path, top: int = 15) -> str:
