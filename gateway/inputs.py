@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import msgspec
 from litestar import Request
@@ -69,6 +70,19 @@ def text_problem(value: str, *, multiline: bool = False) -> str | None:
     if code in (0x09, 0x0A, 0x0D):
         return f"contains {name}; this field is a single line"
     return f"contains {name}"
+
+
+# Percent-escapes of bytes that are not UTF-8 (e.g. `%ED%A0%80`, a surrogate's CESU-8
+# bytes) would otherwise be decoded to U+FFFD and pass silently.
+_NOT_UTF8 = "The {} is not UTF-8 text once percent-decoded."
+
+
+def _utf8_when_unquoted(raw: bytes) -> bool:
+    try:
+        unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _refuse(status: int, detail: str, errors: list[dict[str, str]]) -> HTTPException:
@@ -120,6 +134,8 @@ async def check_request(request: Request[Any, Any, Any]) -> None:
     raw_path = scope.get("raw_path") or scope["path"].encode("utf-8", "surrogatepass")
     if len(raw_path) > MAX_PATH_BYTES:
         raise HTTPException(status_code=414, detail=f"The path exceeds {MAX_PATH_BYTES} bytes.")
+    if b"%" in raw_path and not _utf8_when_unquoted(raw_path):
+        raise _refuse(400, _NOT_UTF8.format("path"), [{"path": "path", "problem": "not UTF-8"}])
     if problem := text_problem(scope["path"]):
         raise _refuse(400, f"The path {problem}.", [{"path": "path", "problem": problem}])
     query = scope.get("query_string", b"")
@@ -127,6 +143,10 @@ async def check_request(request: Request[Any, Any, Any]) -> None:
         if len(query) > MAX_QUERY_BYTES:
             raise HTTPException(
                 status_code=414, detail=f"The query string exceeds {MAX_QUERY_BYTES} bytes."
+            )
+        if b"%" in query and not _utf8_when_unquoted(query):
+            raise _refuse(
+                400, _NOT_UTF8.format("query string"), [{"query": "query", "problem": "not UTF-8"}]
             )
         errors = [
             {"parameter": name, "problem": problem}
