@@ -471,3 +471,44 @@ async def test_json_with_a_charset_or_a_json_suffix_is_fine(rig: Rig) -> None:
             "/v1/keys", content=json.dumps({"scopes": ["read"]}).encode(), headers=headers
         )
         assert response.status_code == 201, (content_type, response.text)
+
+
+async def test_a_number_that_is_possible_but_not_valid_is_422_with_why(rig: Rig) -> None:
+    # `555-0100` used to be accepted as +15550100 (not dialable) and showed `sent`.
+    for number in ("555-0100", "+15550100", "+447700900123"):
+        body = {"channel": "sms", "to": [number], "body": "b"}
+        response = await rig.request("POST", "/v1/messages", body=body)
+        assert response.status_code == 422, (number, response.text)
+        (error,) = response.json()["errors"]
+        assert "is not a valid number for country code" in error["problem"], error
+        await rig.refused(response, number)
+    problem = response.json()["errors"][0]["problem"]
+    assert problem.startswith("+447700900123 is not a valid number for country code +44 (GB")
+    national = await rig.request(
+        "POST", "/v1/messages", body={"channel": "sms", "to": ["555-0100"], "body": "b"}
+    )
+    assert "read as a national number of US" in national.json()["errors"][0]["problem"]
+    # New suppressions and checks hold numbers to the same rule.
+    response = await rig.request(
+        "POST",
+        "/v1/suppressions",
+        body={"channel": "sms", "address": "555-0100", "reason": "manual"},
+    )
+    assert response.status_code == 422, response.text
+    await rig.refused(response, "suppression")
+    response = await rig.request(
+        "POST", "/v1/suppressions/check", body={"channel": "sms", "addresses": ["555-0100"]}
+    )
+    assert response.status_code == 200
+    assert [i["address"] for i in response.json()["invalid"]] == ["555-0100"]
+
+
+async def test_the_sandbox_magic_numbers_and_real_ones_are_valid(rig: Rig) -> None:
+    from sender.providers.sandbox import MAGIC_FROM, MAGIC_FROM_ERRORS, MAGIC_TO
+    from suppression.normalize import normalize_phone
+
+    for number in [*MAGIC_TO, *MAGIC_FROM_ERRORS, MAGIC_FROM, "+14155550100", "(415) 555-0100"]:
+        assert normalize_phone(number, "US", strict=True).key.startswith("+1"), number
+    body = {"channel": "sms", "to": ["+15005550006", "(415) 555-0100"], "body": "b"}
+    response = await rig.request("POST", "/v1/messages", body=body)
+    assert response.status_code in (201, 202), response.text
