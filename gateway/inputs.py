@@ -15,9 +15,11 @@
   `application/json` (or `application/*+json`); anything else with a body is 415.
 
 Routes that read their body raw (webhooks, one-click unsubscribe, import) have no `data`
-parameter: their bodies are the business of their own parsers (a signed provider callback
-is verified and stored as sent, with NUL removed by `webhooks.events.storable`), but their
-path, query and headers pass this gate too (no provider puts control characters there).
+parameter: their bodies are the business of their own parsers. Provider webhooks
+(`opt["provider_signed"]`) also keep the characters of their query and headers: the provider
+signed the URL and its parameters, so the signature check decides (403 for a forgery), and a
+genuine callback is stored (NUL removed, lone surrogates replaced by
+`webhooks.events.storable`) rather than refused and lost.
 
 Cost on the send path: a few `bytes`/`str` scans; a JSON body is decoded a second time only
 when it holds a backslash escape that can produce a control character or a surrogate.
@@ -36,6 +38,9 @@ from litestar.handlers import HTTPRouteHandler
 
 # A route's `opt` key naming the top-level JSON fields that are multi-line body text.
 MULTILINE_OPT = "multiline_fields"
+# A route's `opt` key marking a provider webhook: its query and headers go to the signature
+# check as they are (only their sizes are bounded here).
+SIGNED_OPT = "provider_signed"
 
 MAX_PATH_BYTES = 2048
 MAX_QUERY_BYTES = 8192
@@ -128,12 +133,28 @@ def _takes_json(handler: HTTPRouteHandler) -> bool:
     return "data" in handler.parsed_fn_signature.parameters
 
 
+def _check_query(request: Request[Any, Any, Any], query: bytes) -> None:
+    if b"%" in query and not _utf8_when_unquoted(query):
+        raise _refuse(
+            400, _NOT_UTF8.format("query string"), [{"query": "query", "problem": "not UTF-8"}]
+        )
+    errors = [
+        {"parameter": name, "problem": problem}
+        for name, value in request.query_params.multi_items()
+        if (problem := text_problem(name) or text_problem(str(value)))
+    ]
+    if errors:
+        raise _refuse(400, "A query parameter holds characters text cannot.", errors)
+
+
 async def check_request(request: Request[Any, Any, Any]) -> None:
     """The gate (an app-wide `before_request` hook): raise a 4xx problem or return None."""
     scope = request.scope
     raw_path = scope.get("raw_path") or scope["path"].encode("utf-8", "surrogatepass")
     if len(raw_path) > MAX_PATH_BYTES:
         raise HTTPException(status_code=414, detail=f"The path exceeds {MAX_PATH_BYTES} bytes.")
+    handler = request.route_handler
+    signed = bool(handler.opt.get(SIGNED_OPT))
     if b"%" in raw_path and not _utf8_when_unquoted(raw_path):
         raise _refuse(400, _NOT_UTF8.format("path"), [{"path": "path", "problem": "not UTF-8"}])
     if problem := text_problem(scope["path"]):
@@ -144,17 +165,8 @@ async def check_request(request: Request[Any, Any, Any]) -> None:
             raise HTTPException(
                 status_code=414, detail=f"The query string exceeds {MAX_QUERY_BYTES} bytes."
             )
-        if b"%" in query and not _utf8_when_unquoted(query):
-            raise _refuse(
-                400, _NOT_UTF8.format("query string"), [{"query": "query", "problem": "not UTF-8"}]
-            )
-        errors = [
-            {"parameter": name, "problem": problem}
-            for name, value in request.query_params.multi_items()
-            if (problem := text_problem(name) or text_problem(str(value)))
-        ]
-        if errors:
-            raise _refuse(400, "A query parameter holds characters text cannot.", errors)
+        if not signed:
+            _check_query(request, query)
     for name, value in scope["headers"]:
         if len(value) > MAX_HEADER_VALUE_BYTES:
             raise HTTPException(
@@ -162,14 +174,13 @@ async def check_request(request: Request[Any, Any, Any]) -> None:
                 detail=f"The {name.decode('latin-1')} header exceeds "
                 f"{MAX_HEADER_VALUE_BYTES} bytes.",
             )
-        if _HEADER_BAD.search(value):
+        if not signed and _HEADER_BAD.search(value):
             header = name.decode("latin-1")
             raise _refuse(
                 400,
                 f"The {header} header holds a control character.",
                 [{"header": header, "problem": "contains a control character"}],
             )
-    handler = request.route_handler
     if not isinstance(handler, HTTPRouteHandler) or not _takes_json(handler):
         return
     body = await request.body()
@@ -196,6 +207,7 @@ __all__ = [
     "MAX_PATH_BYTES",
     "MAX_QUERY_BYTES",
     "MULTILINE_OPT",
+    "SIGNED_OPT",
     "TEXT_PROBLEM",
     "body_text_errors",
     "check_request",
