@@ -280,13 +280,16 @@ _BODY_INPUTS: list[tuple[str, str, str, dict[str, Any], bool]] = [
             {"channel": "email", "address": "s@example.com", "reason": "manual"},
             False,
         )
-        for f in ("channel", "address", "reason", "scope")
+        for f in ("channel", "address", "reason", "scope", "expires_at")
     ],
     *[
         ("POST", "/v1/suppressions/check", f, {"channel": "email", "addresses": []}, False)
         for f in ("channel", "addresses[0]", "category", "topic")
     ],
-    *[("POST", "/v1/dlq/redrive", f, {}, False) for f in ("reason", "channel", "note")],
+    *[
+        ("POST", "/v1/dlq/redrive", f, {}, False)
+        for f in ("reason", "channel", "since", "until", "note")
+    ],
     ("POST", "/v1/dlq/{entry}/redrive", "note", {}, False),
 ]
 
@@ -324,11 +327,17 @@ async def test_hostile_json_fields(
 
 # (method, path, parameter) of every query parameter that takes text.
 _QUERY_INPUTS = [
-    *[("GET", "/v1/dlq", p) for p in ("reason", "channel", "cursor", "state")],
+    *[
+        ("GET", "/v1/dlq", p)
+        for p in ("reason", "channel", "cursor", "state", "since", "until", "limit")
+    ],
     ("DELETE", "/v1/dlq/{entry}", "reason"),
-    *[("GET", "/v1/suppressions", p) for p in ("channel", "reason", "scope", "cursor")],
-    *[("DELETE", "/v1/suppressions/email/s@example.com", p) for p in ("reason", "scope")],
-    ("GET", "/v1/suppressions/export", "format"),
+    *[
+        ("GET", "/v1/suppressions", p)
+        for p in ("channel", "reason", "scope", "cursor", "since", "limit")
+    ],
+    *[("DELETE", "/v1/suppressions/email/s@example.com", p) for p in ("reason", "scope", "force")],
+    *[("GET", "/v1/suppressions/export", p) for p in ("format", "since")],
     *[
         ("POST", "/v1/suppressions/import", p)
         for p in ("format", "sendgrid_list", "unsubscribe_scope")
