@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.auth import api_key_guard
 from gateway.health import healthz, readyz
+from gateway.inputs import check_request
 from gateway.keys_api import KeysController
 from gateway.metrics import metrics
 from gateway.problems import EXCEPTION_HANDLERS
@@ -99,6 +100,7 @@ def create_app(
     return Litestar(
         route_handlers=route_handlers(),
         guards=[api_key_guard],
+        before_request=check_request,
         dependencies={
             "db_session": Provide(provide_db_session),
             "services": Provide(provide_services, sync_to_thread=False),

@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from dataclasses import dataclass
+from typing import Annotated
 
+import msgspec
 from litestar import Controller, delete, get, post
 from litestar.exceptions import HTTPException, NotFoundException
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -13,13 +15,19 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gateway.keys import UnknownScopeError, create_key, list_keys, parse_scopes, revoke_key
 from gateway.services import Services
 
+MAX_KEY_NAME = 200
+MAX_SCOPES = 16
+MAX_SCOPE = 32
 
-@dataclass
-class KeyCreate:
-    """Request body of `POST /v1/keys`."""
 
-    scopes: list[str]
-    name: str = ""
+class KeyCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Request body of `POST /v1/keys`: the key's scopes and a name for operators (one line)."""
+
+    scopes: Annotated[
+        list[Annotated[str, msgspec.Meta(max_length=MAX_SCOPE)]],
+        msgspec.Meta(max_length=MAX_SCOPES),
+    ]
+    name: Annotated[str, msgspec.Meta(max_length=MAX_KEY_NAME)] = ""
 
 
 @dataclass

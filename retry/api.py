@@ -16,8 +16,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import msgspec
 from litestar import Controller, Request, delete, get, post
 from litestar.exceptions import ClientException, HTTPException, NotFoundException
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Parameter, QueryParameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -61,29 +63,40 @@ class DeadLetterPage:
     next_cursor: str | None
 
 
-@dataclass
-class RedriveRequest:
+MAX_NOTE = 1000
+MAX_FILTER = 64
+MAX_CURSOR = 512
+
+Note = Annotated[str, msgspec.Meta(max_length=MAX_NOTE)]
+FilterText = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_FILTER)]
+
+
+class RedriveRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Optional note stored with a redrive."""
 
-    note: str | None = None
+    note: Note | None = None
 
 
-@dataclass
-class BulkRedriveRequest:
-    """Which open entries to redrive (all of them when no filter is given)."""
+class BulkRedriveRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Which open entries to redrive: at least one filter, or `all: true` for every open
+    entry (a request without either is refused, so an empty body cannot redrive everything)."""
 
-    reason: str | None = None
-    channel: str | None = None
+    reason: FilterText | None = None
+    channel: FilterText | None = None
     since: dt.datetime | None = None
     until: dt.datetime | None = None
-    note: str | None = None
+    all: bool = False
+    note: Note | None = None
 
 
 @dataclass
 class BulkRedriveResult:
-    """How many entries were redriven."""
+    """How many entries were redriven, and how many matching open entries were left open
+    because their message's deadline (`expires_at`) has passed: redriven, they would expire
+    again at once (discard them, or send a new message)."""
 
     redriven: int
+    skipped_expired: int = 0
 
 
 def entry_view(entry: dlq.Entry) -> DeadLetterView:
@@ -138,13 +151,13 @@ class DeadLetterController(Controller):
         self,
         db_session: AsyncSession,
         delivery_queue: DeliveryQueue,
-        reason: str | None = None,
-        channel: str | None = None,
+        reason: Annotated[str | None, Parameter(max_length=MAX_FILTER)] = None,
+        channel: Annotated[str | None, Parameter(max_length=MAX_FILTER)] = None,
         since: dt.datetime | None = None,
         until: dt.datetime | None = None,
         entry_state: Annotated[EntryState, QueryParameter(name="state")] = "open",
         limit: Annotated[int, Parameter(ge=1, le=500)] = 50,
-        cursor: str | None = None,
+        cursor: Annotated[str | None, Parameter(max_length=MAX_CURSOR)] = None,
     ) -> DeadLetterPage:
         """Entries newest first. `state` defaults to `open` (unresolved)."""
         f = dlq.DeadLetterFilter(reason, channel, _aware(since), _aware(until), entry_state)
@@ -166,7 +179,18 @@ class DeadLetterController(Controller):
         except dlq.DeadLetterNotFound:
             raise NotFoundException(f"No dead-letter entry {entry_id}.") from None
 
-    @post("/{entry_id:uuid}/redrive", status_code=200, summary="Redrive one entry")
+    @post(
+        "/{entry_id:uuid}/redrive",
+        status_code=200,
+        summary="Redrive one entry",
+        responses={
+            409: ResponseSpec(
+                None,
+                description="Resolved already, no longer dead, or its message has expired "
+                "(it would expire again at once)",
+            ),
+        },
+    )
     async def redrive(
         self,
         entry_id: uuid.UUID,
@@ -176,7 +200,8 @@ class DeadLetterController(Controller):
         data: RedriveRequest | None = None,
     ) -> DeadLetterDetail:
         """Queue the delivery again with a fresh attempt budget; 409 when the entry is
-        resolved already or its delivery is no longer dead."""
+        resolved already, its delivery is no longer dead, or its message's deadline has passed
+        (`urn:problem:dlq-expired`: a redrive would expire again at once; discard it)."""
         async with _resolving(db_session, entry_id):
             entry = await dlq.redrive(
                 db_session,
@@ -187,7 +212,14 @@ class DeadLetterController(Controller):
             )
         return entry_detail(entry)
 
-    @post("/redrive", status_code=200, summary="Redrive every open entry matching the filters")
+    @post(
+        "/redrive",
+        status_code=200,
+        summary="Redrive every open entry matching the filters (or all: true)",
+        responses={
+            422: ResponseSpec(None, description="Neither a filter nor all: true was given"),
+        },
+    )
     async def redrive_bulk(
         self,
         request: Request[Any, Any, Any],
@@ -195,18 +227,33 @@ class DeadLetterController(Controller):
         delivery_queue: DeliveryQueue,
         data: BulkRedriveRequest | None = None,
     ) -> BulkRedriveResult:
-        """Redrive open entries (whose delivery is still dead) by reason, channel and time;
-        committed in batches. Returns how many."""
+        """Redrive open entries (whose delivery is still dead) by reason, channel and time, or
+        every one with `all: true`; committed in batches. Entries whose message has expired
+        stay open and are counted in `skipped_expired`."""
         data = data or BulkRedriveRequest()
+        has_filter = any(v is not None for v in (data.reason, data.channel, data.since, data.until))
+        if not has_filter and not data.all:
+            raise HTTPException(
+                status_code=422,
+                detail='Give a filter (reason, channel, since, until) or "all": true to '
+                "redrive every open entry.",
+                extra={"type": "urn:problem:redrive-filter-required"},
+            )
         f = dlq.DeadLetterFilter(data.reason, data.channel, _aware(data.since), _aware(data.until))
         total = 0
+        expired: set[uuid.UUID] = set()
         while True:
             n = await dlq.redrive_batch(
-                db_session, delivery_queue, f, actor=_actor(request), note=data.note
+                db_session,
+                delivery_queue,
+                f,
+                actor=_actor(request),
+                note=data.note,
+                expired=expired,
             )
             await db_session.commit()
             if n == 0:
-                return BulkRedriveResult(total)
+                return BulkRedriveResult(total, len(expired))
             total += n
 
     @delete("/{entry_id:uuid}", status_code=200, summary="Discard an entry (kept as history)")
@@ -236,6 +283,11 @@ async def _resolving(session: AsyncSession, entry_id: uuid.UUID) -> AsyncIterato
         yield
     except dlq.DeadLetterNotFound:
         raise NotFoundException(f"No dead-letter entry {entry_id}.") from None
+    except dlq.DeadLetterExpired as exc:
+        await session.rollback()
+        raise HTTPException(
+            status_code=409, detail=str(exc), extra={"type": "urn:problem:dlq-expired"}
+        ) from None
     except dlq.DeadLetterConflict as exc:
         await session.rollback()
         raise HTTPException(status_code=409, detail=str(exc)) from None

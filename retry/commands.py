@@ -125,8 +125,11 @@ async def redrive_many(
         total = await dlq.count_redrivable(session, queue, f)
         bar = ProgressBar("redrive", total, stream=err)
         done = 0
+        expired: set[uuid.UUID] = set()
         while True:
-            n = await dlq.redrive_batch(session, queue, f, actor=actor, note=note, batch=batch)
+            n = await dlq.redrive_batch(
+                session, queue, f, actor=actor, note=note, batch=batch, expired=expired
+            )
             await session.commit()
             if n == 0:
                 break
@@ -135,6 +138,11 @@ async def redrive_many(
             bar.update(done, max(total, done))
         bar.finish()
     err.write(f"redriven {done} entries\n")
+    if expired:
+        err.write(
+            f"left {len(expired)} entries open: their message's deadline has passed, so a "
+            "redrive would expire again at once (discard them)\n"
+        )
     return done
 
 

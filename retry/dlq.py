@@ -36,6 +36,11 @@ class DeadLetterConflict(Exception):
     """The entry cannot be changed: already resolved, or its delivery is no longer dead."""
 
 
+class DeadLetterExpired(DeadLetterConflict):
+    """The entry's delivery is still dead but its message's deadline has passed: redriven, it
+    would expire again at once (and file a new entry), so it is not redriven."""
+
+
 class BadCursor(ValueError):
     """A pagination cursor that this server did not issue."""
 
@@ -201,7 +206,8 @@ async def redrive(
     """Put the entry's delivery back on the queue with a fresh attempt budget.
 
     Refused (`DeadLetterConflict`) when the entry is resolved already or its delivery is no
-    longer `dead` (a late provider callback showed it went out after all).
+    longer `dead` (a late provider callback showed it went out after all), and
+    (`DeadLetterExpired`) when its message's deadline has passed.
     """
     now = now or utcnow()
     entry = await _lock_open(session, entry_id)
@@ -210,6 +216,11 @@ async def redrive(
     # suppression list again before any provider call.
     if not await queue.requeue_dead(conn, [entry.delivery_id], now=now):
         status = (await queue.statuses(conn, [entry.delivery_id])).get(entry.delivery_id)
+        if status == "dead":
+            raise DeadLetterExpired(
+                f"delivery {entry.delivery_id} is past its message's deadline (expires_at): "
+                "redriven, it would expire again at once; not redriven (discard the entry)"
+            )
         raise DeadLetterConflict(
             f"delivery {entry.delivery_id} is no longer dead (status {status}); not redriven"
         )
@@ -237,11 +248,14 @@ async def redrive_batch(
     note: str | None = None,
     batch: int = 500,
     now: dt.datetime | None = None,
+    expired: set[uuid.UUID] | None = None,
 ) -> int:
     """Redrive up to `batch` open entries matching `f` whose delivery is still dead.
 
     Returns how many; call again (after committing) until it returns 0. Entries locked by a
     concurrent redrive are skipped, so several operators cannot redrive one entry twice.
+    Entries whose message's deadline has passed stay open (a redrive would expire again at
+    once); their ids are added to `expired` when given.
     """
     now = now or utcnow()
     conds = [*_conditions(DeadLetterFilter(f.reason, f.channel, f.since, f.until, "open"))]
@@ -264,6 +278,11 @@ async def redrive_batch(
             return 0
         requeued = set(await queue.requeue_dead(conn, [p.delivery_id for p in picked], now=now))
         done = [p.id for p in picked if p.delivery_id in requeued]
+        if expired is not None and len(done) < len(picked):
+            still_dead = await queue.dead_ids(
+                conn, [p.delivery_id for p in picked if p.delivery_id not in requeued]
+            )
+            expired.update(p.id for p in picked if p.delivery_id in still_dead)
         if done:
             await session.execute(
                 update(DeadLetter)
@@ -315,6 +334,7 @@ __all__ = [
     "STATES",
     "BadCursor",
     "DeadLetterConflict",
+    "DeadLetterExpired",
     "DeadLetterFilter",
     "DeadLetterNotFound",
     "Entry",

@@ -98,7 +98,8 @@ class DeliveryQueue(Protocol):
     async def requeue_dead(
         self, conn: Pg, delivery_ids: Sequence[uuid.UUID], *, now: dt.datetime
     ) -> list[uuid.UUID]:
-        """Redrive dead deliveries: queued, due now, fresh attempt budget."""
+        """Redrive dead deliveries: queued, due now, fresh attempt budget. Returns the ids
+        requeued; a dead delivery whose deadline has passed is left dead."""
         ...
 
 

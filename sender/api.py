@@ -15,7 +15,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import HeaderParameter
 
 from sender.keys import InvalidIdempotencyKey, parse_idempotency_key
-from sender.schemas import MessageCreated, MessageView, SendMessage
+from sender.schemas import MULTILINE_FIELDS, MessageCreated, MessageView, SendMessage
 from sender.service import SendProblem, SendService
 
 
@@ -54,7 +54,8 @@ class MessagesController(Controller):
 
     @post(
         "/",
-        opt={"scope": "send"},
+        # `multiline_fields`: see gateway.inputs (the input gate every route passes).
+        opt={"scope": "send", "multiline_fields": MULTILINE_FIELDS},
         status_code=201,
         summary="Send a message to 1-100 recipients",
         description=(

@@ -843,12 +843,13 @@ async def requeue_dead(
     conn: Pg, delivery_ids: Sequence[uuid.UUID], *, now: dt.datetime
 ) -> list[uuid.UUID]:
     """Redrive: put `dead` deliveries back as `queued`, due now, with a fresh attempt
-    budget (the attempt rows stay as history). Returns the ids that were dead."""
+    budget (the attempt rows stay as history). Returns the ids that were requeued: dead ones
+    whose deadline has not passed (an expired one would only expire again at once)."""
     rows = await conn.fetch(
         "UPDATE deliveries SET status = 'queued', attempts = 0, next_attempt_at = $2, "
         "reason = NULL, updated_at = $2, deferred_since = NULL "
         "WHERE id = ANY($1::uuid[]) AND status = 'dead' "
-        "RETURNING id",
+        "AND (expires_at IS NULL OR expires_at > $2) RETURNING id",
         list(delivery_ids),
         now,
     )

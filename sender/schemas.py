@@ -16,27 +16,56 @@ MAX_RECIPIENTS = 100
 MAX_METADATA_KEYS = 20
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 256
+MAX_ADDRESS = 320
+# `Display Name <address>`: the address and a name of a reasonable length.
+MAX_FROM = 512
+MAX_REPLY_TO = 10
+# RFC 5322's line limit: the subject is one header line.
+MAX_SUBJECT = 998
+# Characters of the text and of the HTML part of an email (Gmail clips HTML past ~100 KB; the
+# whole request is also bounded by GATEWAY_MAX_BODY_BYTES).
+MAX_EMAIL_PART = 500_000
+# Twilio's limit for one message body (it splits longer ones into segments).
+MAX_SMS_BODY = 1600
+MAX_TOPIC = 128
+
+# Top-level fields that are multi-line body text: tab, line feed and carriage return are
+# allowed there and nowhere else (the gateway's input gate reads this from the route's
+# `opt["multiline_fields"]`). Everything else ends in a header, a tag or a column.
+MULTILINE_FIELDS = ("text", "html", "body")
+
+Address = Annotated[str, msgspec.Meta(max_length=MAX_ADDRESS)]
+MetadataKey = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_METADATA_KEY)]
+MetadataValue = Annotated[str, msgspec.Meta(max_length=MAX_METADATA_VALUE)]
 
 
 class SendMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Body of `POST /v1/messages`."""
+    """Body of `POST /v1/messages`.
+
+    No field may hold NUL, another C0 control character or a lone surrogate; tab and line
+    breaks only in `text`, `html` and `body` (422 otherwise).
+    """
 
     channel: Channel
-    to: Annotated[
-        list[Annotated[str, msgspec.Meta(max_length=320)]],
-        msgspec.Meta(min_length=1, max_length=MAX_RECIPIENTS),
-    ]
-    from_: str | None = msgspec.field(default=None, name="from")
-    subject: Annotated[str, msgspec.Meta(max_length=998)] | None = None
-    text: str | None = None
-    html: str | None = None
-    reply_to: list[str] | str | None = None
-    body: Annotated[str, msgspec.Meta(max_length=1600)] | None = None
+    to: Annotated[list[Address], msgspec.Meta(min_length=1, max_length=MAX_RECIPIENTS)]
+    from_: Annotated[str, msgspec.Meta(max_length=MAX_FROM)] | None = msgspec.field(
+        default=None, name="from"
+    )
+    subject: Annotated[str, msgspec.Meta(max_length=MAX_SUBJECT)] | None = None
+    text: Annotated[str, msgspec.Meta(max_length=MAX_EMAIL_PART)] | None = None
+    html: Annotated[str, msgspec.Meta(max_length=MAX_EMAIL_PART)] | None = None
+    reply_to: Annotated[list[Address], msgspec.Meta(max_length=MAX_REPLY_TO)] | Address | None = (
+        None
+    )
+    body: Annotated[str, msgspec.Meta(max_length=MAX_SMS_BODY)] | None = None
     category: Category = "transactional"
-    topic: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
+    topic: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TOPIC)] | None = None
     priority: Priority = "normal"
     expires_at: dt.datetime | None = None
-    metadata: dict[str, str] | None = None
+    metadata: (
+        Annotated[dict[MetadataKey, MetadataValue], msgspec.Meta(max_length=MAX_METADATA_KEYS)]
+        | None
+    ) = None
 
 
 class DeliveryAnswer(msgspec.Struct, kw_only=True):

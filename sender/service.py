@@ -276,7 +276,7 @@ class SendService:
         seen: dict[str, int] = {}
         for i, raw in enumerate(request.to):
             try:
-                address = normalize(request.channel, raw, self.config.default_region)
+                address = normalize(request.channel, raw, self.config.default_region, strict=True)
             except InvalidAddress as exc:
                 errors.append({"index": i, "to": raw, "problem": exc.problem})
                 continue

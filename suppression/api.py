@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
+import msgspec
 from litestar import Controller, MediaType, Request, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.di import Provide
@@ -117,14 +118,24 @@ class AddressSuppressions:
     history: list[HistoryView]
 
 
-@dataclass
-class SuppressionCreate:
-    """Body of `POST /v1/suppressions` (manual add)."""
+MAX_ADDRESS = 320
+MAX_WORD = 64
+MAX_SCOPE = 128
+MAX_CURSOR = 512
+MAX_REMOVAL_REASON = 1000
 
-    channel: str
-    address: str
-    reason: str
-    scope: str = service.SCOPE_ALL
+_Address = Annotated[str, msgspec.Meta(max_length=MAX_ADDRESS)]
+_Word = Annotated[str, msgspec.Meta(max_length=MAX_WORD)]
+_Scope = Annotated[str, msgspec.Meta(max_length=MAX_SCOPE)]
+
+
+class SuppressionCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Body of `POST /v1/suppressions` (manual add); unknown fields are refused."""
+
+    channel: _Word
+    address: _Address
+    reason: _Word
+    scope: _Scope = service.SCOPE_ALL
     expires_at: dt.datetime | None = None
 
 
@@ -143,18 +154,17 @@ class SuppressionsRemoved:
     removed: list[EntryView]
 
 
-@dataclass
-class CheckRequest:
+class CheckRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Body of `POST /v1/suppressions/check`: up to 10,000 addresses of one channel.
 
     `category` and `topic` are those of the intended message: `transactional` ignores topic
     unsubscribes; a marketing message without a topic is checked against `marketing`.
     """
 
-    channel: str
-    addresses: list[str]
-    category: str = "marketing"
-    topic: str | None = None
+    channel: _Word
+    addresses: list[_Address]
+    category: _Word = "marketing"
+    topic: _Scope | None = None
 
 
 @dataclass
@@ -218,9 +228,13 @@ def _channel(channel: str) -> str:
     return channel
 
 
-def _address(context: SuppressionContext, channel: str, raw: str) -> Address:
+def _address(
+    context: SuppressionContext, channel: str, raw: str, *, strict: bool = False
+) -> Address:
+    # `strict` for new entries (a valid number, not only a possible one); look-ups and
+    # removals stay lenient so that anything stored can be found again.
     try:
-        return normalize(_channel(channel), raw, context.default_region)
+        return normalize(_channel(channel), raw, context.default_region, strict=strict)
     except InvalidAddress as exc:
         raise _problem(
             422, "urn:problem:invalid-address", f"not a valid {channel} address: {exc.problem}"
@@ -285,12 +299,14 @@ class SuppressionsController(Controller):
         self,
         db_session: AsyncSession,
         suppression: SuppressionContext,
-        channel: str | None = None,
-        reason: str | None = None,
+        channel: Annotated[str | None, Parameter(max_length=MAX_WORD)] = None,
+        reason: Annotated[str | None, Parameter(max_length=MAX_WORD)] = None,
         # `scope` is a reserved handler argument in Litestar (the ASGI scope), hence the alias.
-        entry_scope: Annotated[str | None, QueryParameter(name="scope")] = None,
+        entry_scope: Annotated[
+            str | None, QueryParameter(name="scope", max_length=MAX_SCOPE)
+        ] = None,
         since: dt.datetime | None = None,
-        cursor: str | None = None,
+        cursor: Annotated[str | None, Parameter(max_length=MAX_CURSOR)] = None,
         limit: Annotated[int, Parameter(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
     ) -> SuppressionPage:
         """Entries oldest first, filtered by channel, reason, scope and creation time."""
@@ -343,7 +359,7 @@ class SuppressionsController(Controller):
         suppression: SuppressionContext,
     ) -> Response[SuppressionCreated]:
         """Add an entry (201), or return the existing active one (200)."""
-        address = _address(suppression, data.channel, data.address)
+        address = _address(suppression, data.channel, data.address, strict=True)
         _entry(data.channel, data.reason, data.scope)
         if data.expires_at is not None:
             if data.expires_at.tzinfo is not None:
@@ -384,11 +400,18 @@ class SuppressionsController(Controller):
         db_session: AsyncSession,
         suppression: SuppressionContext,
         reason: Annotated[
-            str | None, Parameter(description="Why the entry is removed (required).")
+            str | None,
+            Parameter(
+                description="Why the entry is removed (required).", max_length=MAX_REMOVAL_REASON
+            ),
         ] = None,
         entry_scope: Annotated[
             str | None,
-            QueryParameter(name="scope", description="Only this scope (default: every scope)."),
+            QueryParameter(
+                name="scope",
+                description="Only this scope (default: every scope).",
+                max_length=MAX_SCOPE,
+            ),
         ] = None,
         force: Annotated[
             bool, Parameter(description="Required to remove complaint or sms_stop entries.")
@@ -459,7 +482,7 @@ class SuppressionsController(Controller):
         invalid: list[CheckInvalid] = []
         for raw in data.addresses:
             try:
-                address = normalize(data.channel, raw, suppression.default_region)
+                address = normalize(data.channel, raw, suppression.default_region, strict=True)
             except InvalidAddress as exc:
                 invalid.append(CheckInvalid(raw, exc.problem))
                 continue

@@ -79,23 +79,50 @@ def normalize_email(raw: str) -> Address:
     return Address("email", f"{local.lower()}@{domain}", f"{local}@{domain}")
 
 
-def normalize_phone(raw: str, default_region: str = "US") -> Address:
-    """Validate a phone number and format it as E.164."""
+def normalize_phone(raw: str, default_region: str = "US", *, strict: bool = False) -> Address:
+    """Validate a phone number and format it as E.164.
+
+    Every number must be possible (a plausible length); with `strict` it must also be valid
+    (`phonenumbers.is_valid_number`: a length and range its country assigns), which is what
+    new input (a send, a manual suppression, a check) is held to. Look-ups of stored data and
+    numbers reported by a provider (an inbound STOP) stay lenient: a number that newer
+    metadata no longer knows must still be found and suppressed. Twilio's test numbers
+    (+1 500-555-xxxx, the sandbox's magic numbers) are valid numbers for `phonenumbers`.
+    """
     text = raw.strip()
+    national = not text.startswith("+")
     try:
-        number = phonenumbers.parse(text, None if text.startswith("+") else default_region)
+        number = phonenumbers.parse(text, default_region if national else None)
     except phonenumbers.NumberParseException as exc:
         raise InvalidAddress(raw, str(exc)) from None
     if not phonenumbers.is_possible_number(number):
         raise InvalidAddress(raw, "not a possible phone number")
     e164 = phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
+    if strict and not phonenumbers.is_valid_number(number):
+        raise InvalidAddress(raw, _invalid_reason(e164, number, default_region, national))
     return Address("sms", e164, e164)
 
 
-def normalize(channel: str, raw: str, default_region: str = "US") -> Address:
-    """Normalize `raw` for `channel` (`email` or `sms`)."""
+def _invalid_reason(
+    e164: str, number: phonenumbers.PhoneNumber, default_region: str, national: bool
+) -> str:
+    regions = phonenumbers.region_codes_for_country_code(number.country_code or 0)
+    where = f"country code +{number.country_code} ({', '.join(regions[:3]) or 'unknown'})"
+    reason = f"{e164} is not a valid number for {where}: wrong length or an unassigned range"
+    if national:
+        reason += (
+            f"; without a leading + it was read as a national number of {default_region}"
+            " (GATEWAY_DEFAULT_REGION): give the number in E.164, +<country code><number>"
+        )
+    return reason
+
+
+def normalize(
+    channel: str, raw: str, default_region: str = "US", *, strict: bool = False
+) -> Address:
+    """Normalize `raw` for `channel` (`email` or `sms`); `strict`: see `normalize_phone`."""
     if channel == "email":
         return normalize_email(raw)
     if channel == "sms":
-        return normalize_phone(raw, default_region)
+        return normalize_phone(raw, default_region, strict=strict)
     raise ValueError(f"unknown channel {channel!r}")

@@ -81,6 +81,11 @@ def provide_context(state: State) -> WebhookContext:
 
 DEPENDENCIES = {"webhooks": Provide(provide_context, sync_to_thread=False)}
 
+# The gateway's input gate (gateway.inputs) leaves the query and headers of these routes to
+# the signature check: whatever a provider signed is its data, verified, stored (NUL removed,
+# see `events.storable`) and never refused for its characters.
+_PROVIDER_SIGNED = {"provider_signed": True}
+
 _RESPONSES = {
     400: ResponseSpec(None, description="Malformed body (problem document)"),
     403: ResponseSpec(None, description="Signature verification failed (problem document)"),
@@ -140,6 +145,7 @@ def _temporary(provider: str, exc: Exception) -> HTTPException:
     "/webhooks/ses",
     tags=["webhooks"],
     dependencies=DEPENDENCIES,
+    opt=_PROVIDER_SIGNED,
     status_code=200,
     summary="Amazon SNS endpoint for SES notifications and event publishing",
     description=(
@@ -291,6 +297,7 @@ async def _verified_twilio(
     "/webhooks/twilio/status",
     tags=["webhooks"],
     dependencies=DEPENDENCIES,
+    opt=_PROVIDER_SIGNED,
     status_code=200,
     summary="Twilio message status callbacks",
     description=(
@@ -322,6 +329,7 @@ async def twilio_status_webhook(
     "/webhooks/twilio/inbound",
     tags=["webhooks"],
     dependencies=DEPENDENCIES,
+    opt=_PROVIDER_SIGNED,
     status_code=200,
     media_type=TEXT_XML,
     summary="Twilio inbound SMS (STOP/START/HELP, Advanced Opt-Out OptOutType)",

@@ -57,9 +57,14 @@ class FeedbackEvent:
         return str(value) if value else None
 
 
+# A surrogate left in a decoded string is a lone one (JSON's `\ud800`): no UTF-8 text can
+# hold it, so it is stored as U+FFFD.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _without_nul(value: Any) -> Any:
     if isinstance(value, str):
-        return value.replace("\x00", "")
+        return _SURROGATE.sub("\ufffd", value.replace("\x00", ""))
     if isinstance(value, dict):
         return {_without_nul(k): _without_nul(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -68,7 +73,8 @@ def _without_nul(value: Any) -> Any:
 
 
 def storable(event: FeedbackEvent) -> FeedbackEvent:
-    """`event` with U+0000 removed from everything stored as text or JSON.
+    """`event` with U+0000 removed (and lone surrogates replaced by U+FFFD) from everything
+    stored as text or JSON.
 
     PostgreSQL text and jsonb cannot hold NUL, and a JSON payload or a form field may carry
     it (``\u0000``, ``%00``); left in, it would fail the insert on every retry of the

@@ -178,7 +178,10 @@ def string_to_sign(message: Mapping[str, Any]) -> bytes:
         if not isinstance(value, str):
             raise MalformedPayload(f"SNS field {key} must be a string")
         parts.append(f"{key}\n{value}\n")
-    return "".join(parts).encode("utf-8")
+    # JSON can escape a lone surrogate (`\ud800`), which has no UTF-8 form: it becomes "?"
+    # (what a Java UTF-8 encoder writes for it) instead of an exception; a forged message
+    # then simply fails the signature check.
+    return "".join(parts).encode("utf-8", "replace")
 
 
 class SnsVerifier:

@@ -187,16 +187,72 @@ async def test_bulk_redrive_by_filters(
     expired = await _dead(services, 5, reason="expired")
     other = await _dead(services, 2, reason="max_attempts")
     response = await client.post("/v1/dlq/redrive", json={"reason": "expired"}, headers=headers)
-    assert response.status_code == 200 and response.json() == {"redriven": 5}
+    assert response.status_code == 200
+    assert response.json() == {"redriven": 5, "skipped_expired": 0}
     open_now = (await client.get("/v1/dlq", headers=headers)).json()["items"]
     assert {i["id"] for i in open_now} == {str(e) for e in other}
     redriven = (await client.get("/v1/dlq", params={"state": "redriven"}, headers=headers)).json()
     assert {i["id"] for i in redriven["items"]} == {str(e) for e in expired}
     # nothing left to take for the same filter
     again = await client.post("/v1/dlq/redrive", json={"reason": "expired"}, headers=headers)
-    assert again.json() == {"redriven": 0}
-    everything = await client.post("/v1/dlq/redrive", headers=headers)
-    assert everything.json() == {"redriven": 2}
+    assert again.json() == {"redriven": 0, "skipped_expired": 0}
+    everything = await client.post("/v1/dlq/redrive", json={"all": True}, headers=headers)
+    assert everything.json() == {"redriven": 2, "skipped_expired": 0}
+
+
+async def test_bulk_redrive_needs_a_filter_or_all(
+    services: Services, client: httpx.AsyncClient, make_key: Callable[..., Awaitable[str]]
+) -> None:
+    # Without a body (or with an empty one) every open entry used to be redriven.
+    headers = await _admin(make_key)
+    entries = await _dead(services, 2, reason="max_attempts")
+    for body in (None, {}, {"note": "go"}, {"all": False}):
+        response = await client.post("/v1/dlq/redrive", json=body, headers=headers)
+        assert response.status_code == 422, (body, response.text)
+        assert response.headers["content-type"].startswith("application/problem+json")
+        assert response.json()["type"] == "urn:problem:redrive-filter-required"
+    open_now = (await client.get("/v1/dlq", headers=headers)).json()["items"]
+    assert {i["id"] for i in open_now} == {str(e) for e in entries}
+    unknown = await client.post("/v1/dlq/redrive", json={"everything": True}, headers=headers)
+    assert unknown.status_code == 400
+    response = await client.post("/v1/dlq/redrive", json={"all": True}, headers=headers)
+    assert response.json() == {"redriven": 2, "skipped_expired": 0}
+
+
+async def _expire(services: Services, entry: uuid.UUID) -> None:
+    """Move the deadline of the entry's delivery into the past."""
+    async with services.sessions() as s, s.begin():
+        delivery_id = (
+            await s.execute(select(DeadLetter.delivery_id).where(DeadLetter.id == entry))
+        ).scalar_one()
+        await s.execute(
+            update(deliveries)
+            .where(deliveries.c.id == delivery_id)
+            .values(expires_at=utcnow() - dt.timedelta(minutes=1))
+        )
+
+
+async def test_redriving_an_expired_entry_is_refused_not_refiled(
+    services: Services, client: httpx.AsyncClient, make_key: Callable[..., Awaitable[str]]
+) -> None:
+    # Redriven, a delivery past its deadline would be dead-lettered again at once (a new
+    # entry each time): one redrive says so with 409; a bulk one leaves it open and counts it.
+    headers = await _admin(make_key)
+    expired_entry, live_entry = await _dead(services, 2, reason="expired")
+    await _expire(services, expired_entry)
+    response = await client.post(f"/v1/dlq/{expired_entry}/redrive", headers=headers)
+    assert response.status_code == 409, response.text
+    assert response.json()["type"] == "urn:problem:dlq-expired"
+    assert "deadline" in response.json()["detail"]
+    bulk = await client.post("/v1/dlq/redrive", json={"reason": "expired"}, headers=headers)
+    assert bulk.json() == {"redriven": 1, "skipped_expired": 1}
+    shown = (await client.get(f"/v1/dlq/{expired_entry}", headers=headers)).json()
+    assert (shown["state"], shown["delivery_status"]) == ("open", "dead")
+    assert (await client.get(f"/v1/dlq/{live_entry}", headers=headers)).json()["state"] == (
+        "redriven"
+    )
+    async with services.sessions() as s:
+        assert len((await s.execute(select(DeadLetter.id))).all()) == 2
 
 
 async def test_discard_needs_a_reason_and_keeps_history(

@@ -475,3 +475,34 @@ async def test_twilio_delivered_then_sent_stays_delivered(
     assert dispositions == ["applied", "regression", "regression"]
     delivery, (attempt,) = await delivery_state(services, made.delivery_id)
     assert (delivery.status, attempt.provider_status) == ("delivered", "delivered")
+
+
+async def test_lone_surrogates_are_replaced_not_fatal(
+    client: httpx.AsyncClient, services: Services, wired: ConfirmHost
+) -> None:
+    # JSON may escape a lone surrogate (`\ud800`), which no UTF-8 text (and so no PostgreSQL
+    # column) can hold: a verified event keeps it as U+FFFD instead of failing every retry.
+    payload = {
+        "eventType": "Bounce",
+        "mail": {"messageId": "ses-2", "commonHeaders": {"subject": "Hi \ud83d there"}},
+        "bounce": {
+            "bounceType": "Permanent",
+            "bounceSubType": "General\udc00",
+            "bouncedRecipients": [{"emailAddress": "lone@example.com", "status": "5.1.1"}],
+        },
+    }
+    message = sign_sns(sns_message(message=json.dumps(payload), message_id="sns-surrogate"))
+    response = await client.post(SES_PATH, content=sns_body(message), headers=SNS_HEADERS)
+    assert response.status_code == 200, response.text
+    (row,) = await stored(services)
+    assert row.details["bounce_subtype"] == "General\ufffd"
+
+
+async def test_a_lone_surrogate_in_the_envelope_is_refused_not_a_500(
+    client: httpx.AsyncClient, services: Services, wired: ConfirmHost
+) -> None:
+    message = sign_sns(sns_message(subject="plain"))
+    message["Subject"] = "forged \ud800"
+    response = await client.post(SES_PATH, content=sns_body(message), headers=SNS_HEADERS)
+    assert response.status_code == 403, response.text
+    assert await stored(services) == []
