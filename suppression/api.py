@@ -558,7 +558,8 @@ class SuppressionsController(Controller):
             raise _problem(
                 400, "urn:problem:invalid-parameter", f"format must be one of {EXPORT_FORMATS}"
             )
-        media_type = "text/csv; charset=utf-8" if format == "csv" else "application/x-ndjson"
+        # Litestar appends `; charset=utf-8` to text/* media types itself.
+        media_type = "text/csv" if format == "csv" else "application/x-ndjson"
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         return Stream(
             export_chunks(
