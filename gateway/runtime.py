@@ -6,14 +6,17 @@ import logging
 import sys
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
-from gateway import migrate
-from gateway.db import start_embedded_postgres
 from gateway.devsecrets import with_development_secrets
-from gateway.keys import create_key, has_any_key
-from gateway.services import Services, build_services
 from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.services import Services
+
+# The service graph (providers, Redis, Litestar, boto3, twilio) and Alembic are imported where
+# they are used: `gateway keys list` needs neither the providers nor the web framework.
 
 log = logging.getLogger("gateway")
 
@@ -29,12 +32,16 @@ class Prepared:
 def prepare(settings: Settings, *, apply_migrations: bool = True) -> Prepared:
     """Resolve the database (embedded when no DATABASE_URL), secrets, and the schema."""
     if settings.embedded_database:
+        from gateway.db import start_embedded_postgres
+
         settings = with_development_secrets(settings)
         database_url = start_embedded_postgres(settings.data_dir)
     else:
         assert settings.database_url is not None
         database_url = settings.database_url
     if apply_migrations:
+        from gateway import migrate
+
         migrate.upgrade(database_url)
     return Prepared(settings, database_url)
 
@@ -73,6 +80,8 @@ def configure_logging(settings: Settings) -> None:
 
 def services_for(prepared: Prepared) -> Services:
     """The concrete service graph for a prepared process."""
+    from gateway.services import build_services
+
     return build_services(prepared.settings, prepared.database_url)
 
 
@@ -108,6 +117,8 @@ def startup_summary(prepared: Prepared, *, listen: str | None = None) -> list[st
 
 async def ensure_first_admin_key(services: Services) -> str | None:
     """Create an admin key if none exists yet; returns its secret (to print once) or None."""
+    from gateway.keys import create_key, has_any_key
+
     async with services.sessions() as session:
         if await has_any_key(session):
             return None
