@@ -191,7 +191,13 @@ class SendService:
             message_out = outgoing[i]
             if provider is None or message_out is None:
                 # Nothing can send it here; the worker reports it when due.
-                news.append(new(status=st.QUEUED, next_attempt_at=safety_net))
+                news.append(
+                    new(
+                        status=st.QUEUED,
+                        reason=f"deferred: no {channel} provider in this process",
+                        next_attempt_at=safety_net,
+                    )
+                )
             elif deferred[i] is not None:
                 news.append(new(status=st.QUEUED, reason=deferred[i], next_attempt_at=defer_at))
             else:
