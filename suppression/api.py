@@ -25,6 +25,7 @@ from litestar.di import Provide
 from litestar.exceptions import HTTPException, NotFoundException
 from litestar.params import Parameter, QueryParameter
 from litestar.response import Stream
+from litestar.types import ExceptionHandlersMap
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -593,7 +594,7 @@ def _invalid_link_page(request: Request[Any, Any, Any], exc: Exception) -> Respo
 
 
 # Route-level: a person following a bad link gets a page; the app's handlers do the rest.
-PAGE_EXCEPTION_HANDLERS: dict[type[Exception], Any] = {_InvalidLinkForPerson: _invalid_link_page}
+PAGE_EXCEPTION_HANDLERS: ExceptionHandlersMap = {_InvalidLinkForPerson: _invalid_link_page}
 
 
 def _wants_html(request: Request[Any, Any, Any]) -> bool:
