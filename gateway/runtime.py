@@ -68,7 +68,6 @@ def configure_logging(settings: Settings) -> None:
         level=settings.third_party_log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
-        force=True,
     )
     logging.getLogger().setLevel(settings.third_party_log_level)
     for name in OWN_LOGGERS:
