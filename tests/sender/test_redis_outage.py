@@ -95,8 +95,9 @@ async def outage_gateway(
     make_gateway: Callable[..., contextlib.AbstractAsyncContextManager[Gateway]],
 ) -> AsyncIterator[Gateway]:
     base = provider_settings(settings, twilio_api_base=twilio_stub.url, redis_url=own_redis.url)
-    # A limited key, so every send asks the shared limiter.
-    retry = dataclasses.replace(base.retry, rate_limits={"twilio:*": RateSpec(1000.0)})
+    # A limited key whose rate is too small for local leases (RedisTokenBucket.LEASE_SECONDS),
+    # so every send asks the shared limiter; the burst covers every send of the test.
+    retry = dataclasses.replace(base.retry, rate_limits={"twilio:*": RateSpec(10.0, 100.0)})
     async with make_gateway(dataclasses.replace(base, retry=retry)) as gw:
         yield gw
 
