@@ -120,6 +120,9 @@ def create_app(
             ),
         ),
         debug=False,
+        # Logging is configured once per process (`gateway.runtime.configure_logging`):
+        # Litestar's own default would add a second root handler in another format.
+        logging_config=None,
     )
 
 

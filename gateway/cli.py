@@ -92,8 +92,9 @@ def cmd_openapi(args: argparse.Namespace) -> int:
 
 def cmd_keys(args: argparse.Namespace) -> int:
     """Create, list and revoke API keys."""
+    from gateway.db import create_engine, session_factory
     from gateway.keys import UnknownScopeError, create_key, list_keys, parse_scopes, revoke_key
-    from gateway.runtime import prepare, services_for
+    from gateway.runtime import prepare
 
     settings = _settings()
     _logging(settings)
@@ -109,11 +110,14 @@ def cmd_keys(args: argparse.Namespace) -> int:
         except ValueError:
             print(f"gateway: not a key id: {args.id}", file=sys.stderr)
             return 2
-    services = services_for(prepare(settings))
+    # Only an engine: the whole service graph (providers, Redis, web app) is not needed here.
+    prepared = prepare(settings)
+    engine = create_engine(prepared.database_url, pool_size=1)
+    sessions = session_factory(engine)
 
     async def run() -> int:
         try:
-            async with services.sessions() as session:
+            async with sessions() as session:
                 if args.action == "create":
                     row, secret = await create_key(session, scopes, name=args.name or "")
                     await session.commit()
@@ -136,7 +140,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
                 print(f"revoked {key_id}", file=sys.stderr)
                 return 0
         finally:
-            await services.close()
+            await engine.dispose()
 
     return asyncio.run(run())
 
@@ -464,8 +468,14 @@ def _dlq_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     dlq.set_defaults(func=cmd_dlq)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the `gateway` command."""
+# Commands whose parsers need nothing of the suppression and retry packages: for them the
+# `suppressions` and `dlq` parsers are left bare, so that `gateway keys list` does not import
+# phone-number and email validation just to build its argument parser.
+_LIGHT_COMMANDS = frozenset({"serve", "worker", "migrate", "openapi", "keys"})
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The argument parser of the `gateway` command (for `argv`: see _LIGHT_COMMANDS)."""
     parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -505,14 +515,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rot.add_argument("--batch-size", type=int, default=500)
     rot.set_defaults(func=cmd_rotate_encryption)
-    _suppressions_parser(sub)
-    _dlq_parser(sub)
+    if argv and argv[0] in _LIGHT_COMMANDS:
+        sub.add_parser("suppressions", help="manage the suppression list")
+        sub.add_parser("dlq", help="inspect and resolve the dead-letter queue")
+    else:
+        _suppressions_parser(sub)
+        _dlq_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `gateway` console script."""
-    args = build_parser().parse_args(argv)
+    if argv is None:
+        argv = sys.argv[1:]
+    args = build_parser(argv).parse_args(argv)
     code: int = args.func(args)
     return code
 

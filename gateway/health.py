@@ -10,6 +10,7 @@ from litestar.datastructures import State
 from sqlalchemy import text
 
 from gateway.services import ReadinessCheck, Services
+from retry.shared import UNAVAILABLE_REASON
 
 
 @get("/healthz", tags=["health"], summary="Process is alive")
@@ -31,14 +32,24 @@ async def readyz(state: State) -> Response[dict[str, Any]]:
         return True, {}
 
     async def redis() -> tuple[bool, dict[str, Any]]:
+        # Not critical: without Redis the process still serves; sends are deferred
+        # (`deferred: rate limiter unavailable`, see retry.shared) until it answers again.
         assert services.redis is not None
-        await services.redis.ping()
+        try:
+            await services.redis.ping()
+        except Exception as exc:
+            return False, {
+                "critical": False,
+                "error": type(exc).__name__,
+                "effect": f"sends {UNAVAILABLE_REASON}",
+            }
         return True, {}
 
     probes: dict[str, ReadinessCheck] = {"database": database}
     if services.redis is not None:
         probes["redis"] = redis
     probes.update(services.readiness)
+    degraded = False
     for name, probe in probes.items():
         try:
             ok, details = await asyncio.wait_for(probe(), timeout=3.0)
@@ -49,9 +60,11 @@ async def readyz(state: State) -> Response[dict[str, Any]]:
         # "critical": False; only critical failures make the process unready.
         if not ok and details.get("critical", True):
             ready = False
+        elif not ok:
+            degraded = True
     if services.redis is None:
         checks["redis"] = {"ok": True, "configured": False}
-    status = 200 if ready else 503
-    return Response(
-        {"status": "ready" if ready else "unready", "checks": checks}, status_code=status
-    )
+    # "degraded": serving, but a non-critical dependency is down (its check says what that
+    # means); load balancers keep the process (200).
+    status = "unready" if not ready else "degraded" if degraded else "ready"
+    return Response({"status": status, "checks": checks}, status_code=200 if ready else 503)

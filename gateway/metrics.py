@@ -16,6 +16,9 @@ from webhooks.errors import VERIFICATION_FAILURES
 from webhooks.ingest import EVENTS, PROVIDER_FLAGS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""The exact Content-Type of `/metrics` (Prometheus text exposition format 0.0.4)."""
+# Litestar appends `; charset=utf-8` to every text/* media type itself.
+_MEDIA_TYPE = "text/plain; version=0.0.4"
 
 # name, help, labels, counter
 FAMILIES: tuple[tuple[str, str, tuple[str, str], collections.Counter[tuple[str, str]]], ...] = (
@@ -70,4 +73,4 @@ def _items(counter: collections.Counter[tuple[str, str]]) -> Iterable[tuple[tupl
 @get("/metrics", tags=["health"], summary="Process counters (Prometheus text format)")
 async def metrics() -> Response[str]:
     """The process's counters; no authentication, no personal data."""
-    return Response(render(), media_type=CONTENT_TYPE)
+    return Response(render(), media_type=_MEDIA_TYPE)

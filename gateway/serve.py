@@ -21,13 +21,22 @@ so without REDIS_URL each process applies the configured rates on its own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
+import sys
 
 from litestar import Litestar
 
-from gateway.runtime import Prepared, adopt, configure_logging, prepare, services_for
-from gateway.settings import Settings, load_settings
+from gateway.runtime import (
+    Prepared,
+    adopt,
+    configure_logging,
+    prepare,
+    services_for,
+    startup_summary,
+)
+from gateway.settings import Settings, load_settings, serving_public_url
 
 log = logging.getLogger("gateway")
 
@@ -43,7 +52,14 @@ def serve(settings: Settings, *, host: str, port: int, workers: int = 1) -> int:
     """Prepare once, then serve on `host:port` with `workers` processes until signalled."""
     import uvicorn
 
+    public_url = serving_public_url(settings, host, port)
+    if public_url != settings.public_url:
+        settings = dataclasses.replace(settings, public_url=public_url)
+        # The workers of `--workers N` read their settings from this environment again.
+        os.environ["GATEWAY_PUBLIC_URL"] = public_url
     prepared = prepare(settings)
+    for line in startup_summary(prepared, listen=f"http://{_host_in_url(host)}:{port}"):
+        log.info("%s", line)
     if prepared.settings.embedded_database:
         asyncio.run(_print_first_admin_key(prepared))
     log_level = settings.log_level.lower()
@@ -102,4 +118,29 @@ async def _print_first_admin_key(prepared: Prepared) -> None:
     finally:
         await services.close()
     if secret:
-        print(f"Admin API key (shown once, keep it): {secret}", flush=True)
+        print(
+            admin_key_box(secret, base_url=prepared.settings.public_url),
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def admin_key_box(secret: str, *, base_url: str) -> str:
+    """The first start's admin key in a box that says what it is and how to use it."""
+    lines = [
+        "ADMIN API KEY (all scopes), shown once: only its hash is stored.",
+        "Keep it, and use it in this shell with:",
+        "",
+        f"    export KEY={secret}",
+        f'    curl -s -H "Authorization: Bearer $KEY" {base_url}/v1/keys',
+        "",
+        "Another key: gateway keys create --scopes send,read (./dev keys create ...)",
+    ]
+    width = max(len(line) for line in lines)
+    border = "+" + "-" * (width + 2) + "+"
+    body = [f"| {line.ljust(width)} |" for line in lines]
+    return "\n".join([border, *body, border])
+
+
+def _host_in_url(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -6,6 +6,7 @@ the worker need is reachable from one `Services` instance, which lives on `app.s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from gateway.settings import Settings
 from retry.breaker import CircuitBreaker, breaker_readiness, build_breaker
 from retry.queue import DeliveryQueue
 from retry.ratelimit import RateLimiter, build_limiter
+from retry.shared import SharedStateOutage, SharedStateUnavailable
 from retry.worker import Dispatch
 from sender import log as delivery_log
 from sender.dispatch import Dispatcher, SenderConfig
@@ -40,6 +42,9 @@ from webhooks.sns import SnsVerifier
 from webhooks.twilio_signature import TwilioVerifier
 
 log = logging.getLogger("gateway")
+
+# Seconds a Redis command or connect may take before it counts as an outage.
+REDIS_TIMEOUT_SECONDS = 2.0
 
 ReadinessCheck = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
 
@@ -99,19 +104,36 @@ class Services:
 def build_services(settings: Settings, database_url: str) -> Services:
     """Wire the concrete adapters for `settings` (secrets must already be resolved)."""
     engine = create_engine(database_url, pool_size=settings.db_pool_size)
-    redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
+    # Bounded socket waits: a Redis that hangs must defer sends (retry.shared), not hang them.
+    redis = (
+        Redis.from_url(
+            settings.redis_url,
+            socket_timeout=REDIS_TIMEOUT_SECONDS,
+            socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
+        )
+        if settings.redis_url
+        else None
+    )
     sessions = session_factory(engine)
     protector = AddressProtector(settings.hash_key, settings.secret_keys)
     # retry: rate limiter and circuit breaker, shared through Redis when configured.
-    limiter = build_limiter(settings.retry, redis=redis, prefix=settings.redis_prefix)
-    breaker = build_breaker(settings.retry, redis=redis, prefix=settings.redis_prefix)
+    # One outage tracker for both: "Redis is down" is logged once, not once per component.
+    outage = SharedStateOutage()
+    limiter = build_limiter(
+        settings.retry, redis=redis, prefix=settings.redis_prefix, outage=outage
+    )
+    breaker = build_breaker(
+        settings.retry, redis=redis, prefix=settings.redis_prefix, outage=outage
+    )
     # webhooks: signature verification. The SNS certificate cache is shared through Redis
     # when configured; empty allow-list / no token means the verifier refuses everything.
     cert_store = CertificateStore(redis=redis, redis_prefix=settings.redis_prefix)
 
     async def account_problem(provider: str, rule: str) -> None:
         # Feedback reported an account-level problem: tell the provider's circuit breaker.
-        await breaker.record_failure(provider, account_level=True)
+        # (With Redis down the feedback is still stored; the outage is logged once.)
+        with contextlib.suppress(SharedStateUnavailable):
+            await breaker.record_failure(provider, account_level=True)
 
     # webhooks: feedback processing (the endpoints and the sandbox providers' callbacks).
     ingestor = FeedbackIngestor(

@@ -27,6 +27,8 @@ from webhooks.settings import parse_classification_overrides
 
 T = TypeVar("T")
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
 
 class SettingsError(ValueError):
     """A setting is missing or invalid; `name` is the environment variable."""
@@ -46,6 +48,9 @@ class Settings:
     redis_prefix: str = "gw:"
     data_dir: Path = Path(".gateway")
     public_url: str = "http://127.0.0.1:8000"
+    # True when GATEWAY_PUBLIC_URL was not set: `gateway serve` then derives the public URL
+    # from its --host/--port (see `serving_public_url`).
+    public_url_derived: bool = False
     email_provider: str = "sandbox"
     sms_provider: str = "sandbox"
     email_from: str = "gateway@example.com"
@@ -70,6 +75,9 @@ class Settings:
     # Optional `mailto:` URI added to List-Unsubscribe next to the one-click HTTPS URL.
     unsubscribe_mailto: str | None = None
     log_level: str = "INFO"
+    # Level of every other library's loggers (embedded PostgreSQL, twilio, botocore, httpx,
+    # alembic, ...): their INFO lines drown the gateway's own at start and per provider call.
+    third_party_log_level: str = "WARNING"
     # How long an API-key look-up is reused in a process (0: look every request up); a key
     # revoked by another process stops working here within this time.
     api_key_cache_seconds: float = 5.0
@@ -296,6 +304,19 @@ def _share(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def serving_public_url(settings: Settings, host: str, port: int) -> str:
+    """The public base URL a server on `host:port` builds its links with: GATEWAY_PUBLIC_URL
+    when set, else `http://<host>:<port>` (a wildcard address becomes 127.0.0.1, the address
+    a local client reaches it on)."""
+    if not settings.public_url_derived:
+        return settings.public_url
+    if host in ("", "0.0.0.0", "::", "[::]"):  # noqa: S104 (a comparison, not a bind)
+        host = "127.0.0.1"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 literal in a URL
+    return f"http://{host}:{port}"
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate every setting from `env` (default: the process environment)."""
     env = os.environ if env is None else env
@@ -309,6 +330,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         public_url=(
             _url(env, "GATEWAY_PUBLIC_URL", ("http", "https")) or "http://127.0.0.1:8000"
         ).rstrip("/"),
+        public_url_derived=_str(env, "GATEWAY_PUBLIC_URL") is None,
         email_provider=email_provider,
         sms_provider=sms_provider,
         email_from=_str(env, "GATEWAY_EMAIL_FROM") or "gateway@example.com",
@@ -327,7 +349,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         default_region=(_str(env, "GATEWAY_DEFAULT_REGION") or "US").upper(),
         sns_max_age_seconds=_number(env, "GATEWAY_SNS_MAX_AGE_SECONDS", 3600.0, float, 1.0),
         unsubscribe_mailto=_mailto(env, "GATEWAY_UNSUBSCRIBE_MAILTO"),
-        log_level=_choice(env, "GATEWAY_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR")),
+        log_level=_choice(env, "GATEWAY_LOG_LEVEL", "INFO", LOG_LEVELS),
+        third_party_log_level=_choice(env, "GATEWAY_THIRD_PARTY_LOG_LEVEL", "WARNING", LOG_LEVELS),
         api_key_cache_seconds=_number(env, "GATEWAY_API_KEY_CACHE_SECONDS", 5.0, float, 0.0),
         retry=_retry(env),
         webhooks=_webhooks(env),

@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from retry.settings import RetrySettings
+from retry.shared import SharedStateOutage, SharedStateUnavailable
 
 log = logging.getLogger("retry.breaker")
 
@@ -320,8 +322,10 @@ class RedisBreaker:
         *,
         prefix: str = "gw:",
         clock: Clock | None = None,
+        outage: SharedStateOutage | None = None,
     ) -> None:
         self._config = config or BreakerConfig()
+        self._outage = outage or SharedStateOutage()
         self._prefix = prefix
         self._clock = clock
         self._script = redis.register_script(_BREAKER_LUA)
@@ -337,20 +341,25 @@ class RedisBreaker:
         cfg = self._config
         now = self._clock() if self._clock is not None else -1.0
         key = f"{self._prefix}br:{provider}"
-        answer, event = await self._script(
-            keys=[key, key + ":w"],
-            args=[
-                op,
-                repr(now),
-                repr(cfg.cooldown_seconds),
-                repr(cfg.account_cooldown_seconds),
-                repr(cfg.slice_seconds),
-                SLICES,
-                cfg.min_volume,
-                repr(cfg.failure_ratio),
-                n,
-            ],
-        )
+        try:
+            answer, event = await self._script(
+                keys=[key, key + ":w"],
+                args=[
+                    op,
+                    repr(now),
+                    repr(cfg.cooldown_seconds),
+                    repr(cfg.account_cooldown_seconds),
+                    repr(cfg.slice_seconds),
+                    SLICES,
+                    cfg.min_volume,
+                    repr(cfg.failure_ratio),
+                    n,
+                ],
+            )
+        except (RedisError, OSError) as exc:
+            # Raises SharedStateUnavailable: the send path defers (see retry.shared).
+            raise self._outage.failed(exc) from exc
+        self._outage.succeeded()
         return _text(answer), _text(event)
 
     async def allow(self, provider: str) -> bool:
@@ -411,12 +420,18 @@ def _text(value: object) -> str:
 
 
 def build_breaker(
-    settings: RetrySettings, *, redis: Redis | None, prefix: str, clock: Clock | None = None
+    settings: RetrySettings,
+    *,
+    redis: Redis | None,
+    prefix: str,
+    clock: Clock | None = None,
+    outage: SharedStateOutage | None = None,
 ) -> CircuitBreaker:
-    """The shared Redis breaker when Redis is configured, else the in-process one."""
+    """The shared Redis breaker when Redis is configured, else the in-process one. A Redis
+    breaker raises `retry.shared.SharedStateUnavailable` when Redis does not answer."""
     config = BreakerConfig.from_settings(settings)
     if redis is not None:
-        return RedisBreaker(redis, config, prefix=prefix, clock=clock)
+        return RedisBreaker(redis, config, prefix=prefix, clock=clock, outage=outage)
     return InProcessBreaker(config, clock=clock)
 
 
@@ -430,7 +445,10 @@ def breaker_readiness(
     async def check() -> tuple[bool, dict[str, Any]]:
         details: dict[str, Any] = {"critical": False}
         for name in names:
-            details[name] = await breaker.state(name)
+            try:
+                details[name] = await breaker.state(name)
+            except SharedStateUnavailable:
+                details[name] = "unknown (shared state unavailable)"
         return True, details
 
     return check

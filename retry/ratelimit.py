@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from retry.settings import RateSpec, RetrySettings
+from retry.shared import SharedStateOutage
 
 Clock = Callable[[], float]
 PRIORITIES = ("high", "normal", "low")
@@ -184,8 +186,10 @@ class RedisTokenBucket:
         prefix: str = "gw:",
         low_share: float = 0.6,
         clock: Clock | None = None,
+        outage: SharedStateOutage | None = None,
     ) -> None:
         self._config = BucketConfig(limits, low_share)
+        self._outage = outage or SharedStateOutage()
         self._redis = redis
         self._prefix = prefix
         self._clock = clock
@@ -222,17 +226,28 @@ class RedisTokenBucket:
         now = self._clock() if self._clock is not None else -1.0
         # Idle buckets are full again after capacity/rate seconds; drop them then.
         ttl_ms = math.ceil(bucket.capacity / bucket.rate * 1000) + 1000
-        result = await self._script(
-            keys=[f"{self._prefix}rl:{key}"],
-            args=[repr(bucket.rate), repr(bucket.capacity), repr(floor), repr(now), ttl_ms, n],
-        )
+        try:
+            result = await self._script(
+                keys=[f"{self._prefix}rl:{key}"],
+                args=[repr(bucket.rate), repr(bucket.capacity), repr(floor), repr(now), ttl_ms, n],
+            )
+        except (RedisError, OSError) as exc:
+            # Raises SharedStateUnavailable: the send path defers (see retry.shared).
+            raise self._outage.failed(exc) from exc
+        self._outage.succeeded()
         return int(result)
 
 
 def build_limiter(
-    settings: RetrySettings, *, redis: Redis | None, prefix: str, clock: Clock | None = None
+    settings: RetrySettings,
+    *,
+    redis: Redis | None,
+    prefix: str,
+    clock: Clock | None = None,
+    outage: SharedStateOutage | None = None,
 ) -> RateLimiter:
-    """The shared Redis limiter when Redis is configured, else the in-process one."""
+    """The shared Redis limiter when Redis is configured, else the in-process one. A Redis
+    limiter raises `retry.shared.SharedStateUnavailable` when Redis does not answer."""
     if redis is not None:
         return RedisTokenBucket(
             redis,
@@ -240,6 +255,7 @@ def build_limiter(
             prefix=prefix,
             low_share=settings.low_priority_share,
             clock=clock,
+            outage=outage,
         )
     return InProcessTokenBucket(
         settings.rate_limits, low_share=settings.low_priority_share, clock=clock

@@ -43,6 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from retry.policy import Action, Failure, backoff_from_settings, decide, settle_reason
 from retry.settings import RetrySettings
+from retry.shared import UNAVAILABLE_REASON, SharedStateUnavailable
 from sender import log as dlog
 from sender import status as st
 from sender.classify import (
@@ -353,19 +354,31 @@ class Dispatcher:
         self, provider: Provider, messages: Sequence[OutgoingMessage], priority: str
     ) -> list[str | None]:
         """`gate` for several messages of one request: one breaker question, and one limiter
-        call per rate-limit key (the first ones in order get the tokens there are)."""
-        if self.breaker is not None and not await self.breaker.allow(provider.name):
-            return [f"deferred: {provider.name} circuit open"] * len(messages)
+        call per rate-limit key (the first ones in order get the tokens there are).
+
+        When the limiter's or the breaker's shared state (Redis) does not answer, every
+        message not yet granted is deferred with `UNAVAILABLE_REASON` (see retry.shared)."""
         verdicts: list[str | None] = [None] * len(messages)
-        if self.limiter is None:
-            return verdicts
-        by_key: dict[str, list[int]] = {}
-        for i, message in enumerate(messages):
-            by_key.setdefault(provider.limiter_key(message), []).append(i)
-        for key, indexes in by_key.items():
-            granted = await self.limiter.acquire_many(key, priority, len(indexes))
-            for i in indexes[granted:]:
-                verdicts[i] = f"deferred: rate limit {key}"
+        # Messages whose verdict is not known yet (all of them until the limiter answers).
+        pending = set(range(len(messages)))
+        try:
+            if self.breaker is not None and not await self.breaker.allow(provider.name):
+                return [f"deferred: {provider.name} circuit open"] * len(messages)
+            if self.limiter is None:
+                return verdicts
+            by_key: dict[str, list[int]] = {}
+            for i, message in enumerate(messages):
+                by_key.setdefault(provider.limiter_key(message), []).append(i)
+            for key, indexes in by_key.items():
+                granted = await self.limiter.acquire_many(key, priority, len(indexes))
+                pending.difference_update(indexes)
+                for i in indexes[granted:]:
+                    verdicts[i] = f"deferred: rate limit {key}"
+        except SharedStateUnavailable:
+            # Logged once per outage by the limiter/breaker; tokens already granted for
+            # other keys of this request are used.
+            for i in pending:
+                verdicts[i] = UNAVAILABLE_REASON
         return verdicts
 
     # -- step 5 and 6 -----------------------------------------------------------------------
@@ -540,6 +553,8 @@ class Dispatcher:
                 await self.breaker.record_failure(name)
             else:
                 await self.breaker.record_success(name)
+        except SharedStateUnavailable:
+            pass  # Redis is down: logged once per outage, and sends are deferred meanwhile
         except Exception:
             log.exception("circuit breaker bookkeeping failed for %s", name)
 

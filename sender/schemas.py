@@ -11,6 +11,25 @@ import msgspec
 Channel = Literal["email", "sms"]
 Category = Literal["transactional", "marketing"]
 Priority = Literal["high", "normal", "low"]
+# Answer fields, as types so that the OpenAPI document lists their values
+# (tests/test_enums.py checks them against sender.status and the README).
+DeliveryStatusName = Literal[
+    "queued",
+    "sending",
+    "unknown",
+    "retrying",
+    "sent",
+    "delayed",
+    "delivered",
+    "read",
+    "bounced",
+    "complained",
+    "failed",
+    "suppressed",
+    "dead",
+]
+AttemptStatusName = Literal["in_progress", "accepted", "transient", "failed", "deferred", "unknown"]
+DispositionName = Literal["applied", "duplicate", "regression", "parked", "ignored"]
 
 MAX_RECIPIENTS = 100
 MAX_METADATA_KEYS = 20
@@ -73,7 +92,7 @@ class DeliveryAnswer(msgspec.Struct, kw_only=True):
 
     id: uuid.UUID
     to: str | None
-    status: str
+    status: DeliveryStatusName
     reason: str | None = None
 
 
@@ -89,7 +108,7 @@ class AttemptView(msgspec.Struct, kw_only=True):
     """One provider call."""
 
     number: int
-    status: str
+    status: AttemptStatusName
     provider: str
     provider_message_id: str | None
     provider_status: str | None
@@ -107,7 +126,7 @@ class EventView(msgspec.Struct, kw_only=True):
     provider_event_id: str
     event_type: str
     provider_message_id: str | None
-    disposition: str
+    disposition: DispositionName
     details: dict[str, Any]
     occurred_at: dt.datetime | None
     received_at: dt.datetime
@@ -129,7 +148,7 @@ class DeliveryView(msgspec.Struct, kw_only=True):
 
     id: uuid.UUID
     to: str | None
-    status: str
+    status: DeliveryStatusName
     reason: str | None
     provider: str | None
     provider_message_id: str | None
@@ -148,10 +167,10 @@ class MessageView(msgspec.Struct, kw_only=True):
     """Answer to `GET /v1/messages/{id}`."""
 
     id: uuid.UUID
-    channel: str
-    category: str
+    channel: Channel
+    category: Category
     topic: str | None
-    priority: str
+    priority: Priority
     expires_at: dt.datetime | None
     metadata: dict[str, Any]
     state: str

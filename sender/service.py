@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from sqlalchemy import select
@@ -49,12 +49,17 @@ from sender.schemas import (
     MAX_METADATA_KEY,
     MAX_METADATA_KEYS,
     MAX_METADATA_VALUE,
+    AttemptStatusName,
     AttemptView,
+    Category,
+    Channel,
     DeliveryAnswer,
+    DeliveryStatusName,
     DeliveryView,
     EventView,
     MessageCreated,
     MessageView,
+    Priority,
     SendMessage,
     SuppressionView,
 )
@@ -191,7 +196,13 @@ class SendService:
             message_out = outgoing[i]
             if provider is None or message_out is None:
                 # Nothing can send it here; the worker reports it when due.
-                news.append(new(status=st.QUEUED, next_attempt_at=safety_net))
+                news.append(
+                    new(
+                        status=st.QUEUED,
+                        reason=f"deferred: no {channel} provider in this process",
+                        next_attempt_at=safety_net,
+                    )
+                )
             elif deferred[i] is not None:
                 news.append(new(status=st.QUEUED, reason=deferred[i], next_attempt_at=defer_at))
             else:
@@ -234,7 +245,9 @@ class SendService:
         body = MessageCreated(
             id=message.id,
             deliveries=[
-                DeliveryAnswer(id=d, to=to.get(d), status=status, reason=reason)
+                DeliveryAnswer(
+                    id=d, to=to.get(d), status=cast(DeliveryStatusName, status), reason=reason
+                )
                 for d, status, reason in recorded.answers
             ],
         )
@@ -493,10 +506,10 @@ class SendService:
             }
         return MessageView(
             id=message.id,
-            channel=message.channel,
-            category=message.category,
+            channel=cast(Channel, message.channel),
+            category=cast(Category, message.category),
             topic=message.topic,
-            priority=message.priority,
+            priority=cast(Priority, message.priority),
             expires_at=message.expires_at,
             metadata=message.metadata or {},
             state=message.state,
@@ -507,7 +520,7 @@ class SendService:
                 DeliveryView(
                     id=d.id,
                     to=self._to(d.recipient_encrypted),
-                    status=d.status,
+                    status=cast(DeliveryStatusName, d.status),
                     reason=d.reason,
                     provider=d.provider,
                     provider_message_id=d.provider_message_id,
@@ -529,7 +542,7 @@ class SendService:
 def _attempt_view(a: dlog.AttemptRow) -> AttemptView:
     return AttemptView(
         number=a.number,
-        status=a.status,
+        status=cast(AttemptStatusName, a.status),
         provider=a.provider,
         provider_message_id=a.provider_message_id,
         provider_status=a.provider_status,

@@ -26,6 +26,7 @@ from litestar.di import Provide
 from litestar.exceptions import HTTPException, NotFoundException
 from litestar.params import Parameter, QueryParameter
 from litestar.response import Stream
+from litestar.types import ExceptionHandlersMap
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -59,6 +60,7 @@ from suppression.unsubscribe import (
     apply_unsubscribe,
     confirmation_page,
     done_page,
+    invalid_link_page,
 )
 from suppression.views import EntryView, HistoryView, entry_view, history_view
 
@@ -581,7 +583,8 @@ class SuppressionsController(Controller):
             raise _problem(
                 400, "urn:problem:invalid-parameter", f"format must be one of {EXPORT_FORMATS}"
             )
-        media_type = "text/csv; charset=utf-8" if format == "csv" else "application/x-ndjson"
+        # Litestar appends `; charset=utf-8` to text/* media types itself.
+        media_type = "text/csv" if format == "csv" else "application/x-ndjson"
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         return Stream(
             export_chunks(
@@ -601,10 +604,36 @@ class SuppressionsController(Controller):
 # --- one-click unsubscribe (public: no API key, no cookies) -------------------------------------
 
 
-def _token(context: SuppressionContext, token: str) -> UnsubscribeToken:
+class _InvalidLinkForPerson(HTTPException):
+    """An unreadable token, asked for by a browser: answered with a page, not a document."""
+
+    status_code = 400
+
+
+def _invalid_link_page(request: Request[Any, Any, Any], exc: Exception) -> Response[str]:
+    return Response(
+        invalid_link_page(), status_code=400, media_type=MediaType.HTML, headers=PAGE_HEADERS
+    )
+
+
+# Route-level: a person following a bad link gets a page; the app's handlers do the rest.
+PAGE_EXCEPTION_HANDLERS: ExceptionHandlersMap = {_InvalidLinkForPerson: _invalid_link_page}
+
+
+def _wants_html(request: Request[Any, Any, Any]) -> bool:
+    # Browsers ask for text/html first; API clients (and `*/*`) keep problem+json.
+    best = request.accept.best_match(["application/problem+json", MediaType.HTML])
+    return best == MediaType.HTML
+
+
+def _token(
+    context: SuppressionContext, token: str, request: Request[Any, Any, Any]
+) -> UnsubscribeToken:
     try:
         return read_token(context.protector, token)
     except InvalidUnsubscribeToken as exc:
+        if _wants_html(request):
+            raise _InvalidLinkForPerson(detail=str(exc)) from None
         raise _problem(400, "urn:problem:invalid-unsubscribe-token", str(exc)) from None
 
 
@@ -631,11 +660,14 @@ async def _one_click_value(request: Request[Any, Any, Any]) -> str | None:
     tags=["unsubscribe"],
     dependencies=DEPENDENCIES,
     media_type=MediaType.HTML,
+    exception_handlers=PAGE_EXCEPTION_HANDLERS,
     summary="Confirmation page (a GET never unsubscribes)",
 )
-async def unsubscribe_page(token: str, suppression: SuppressionContext) -> Response[str]:
+async def unsubscribe_page(
+    token: str, request: Request[Any, Any, Any], suppression: SuppressionContext
+) -> Response[str]:
     """Show what would be unsubscribed and a button that POSTs the one-click body."""
-    parsed = _token(suppression, token)
+    parsed = _token(suppression, token, request)
     return Response(confirmation_page(parsed), media_type=MediaType.HTML, headers=PAGE_HEADERS)
 
 
@@ -646,6 +678,7 @@ async def unsubscribe_page(token: str, suppression: SuppressionContext) -> Respo
     media_type=MediaType.HTML,
     status_code=200,
     request_max_body_size=16 * 1024,
+    exception_handlers=PAGE_EXCEPTION_HANDLERS,
     summary="RFC 8058 one-click unsubscribe (body List-Unsubscribe=One-Click)",
 )
 async def unsubscribe_one_click(
@@ -655,7 +688,7 @@ async def unsubscribe_one_click(
     suppression: SuppressionContext,
 ) -> Response[str]:
     """Suppress the token's topic for its address; repeating it changes nothing."""
-    parsed = _token(suppression, token)
+    parsed = _token(suppression, token, request)
     value = await _one_click_value(request)
     if value is None or value.strip() != ONE_CLICK_VALUE:
         raise _problem(

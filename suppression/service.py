@@ -43,6 +43,12 @@ CHANNEL_WIDE_REASONS = ("hard_bounce", "complaint", "sms_stop", "invalid_address
 # History action written when a person's data is erased; later adds for that hash store no
 # ciphertext (see `add`), so an import cannot bring the erased address back.
 ERASE_ACTION = "erase"
+# Where an entry or a history row came from (`source_type`): a provider callback, a one-click
+# unsubscribe, an operator (API or CLI), an import, or a send-time refusal of the address
+# (e.g. Twilio 21211/21610 answered to a send).
+SOURCE_TYPES = ("provider_event", "unsubscribe", "operator", "import", "send_error")
+# Every `action` of suppression history.
+HISTORY_ACTIONS = ("add", "add_existing", "upgrade", "remove", ERASE_ACTION)
 # Evidence keys that are personal data of the recipient; erasure removes them.
 PERSONAL_EVIDENCE_KEYS = ("user_agent", "client_ip")
 

@@ -125,6 +125,18 @@ def done_page(token: UnsubscribeToken) -> str:
     )
 
 
+def invalid_link_page() -> str:
+    """The page a person sees for a garbled or no longer readable unsubscribe link."""
+    return _page(
+        "This unsubscribe link is not valid",
+        "<p>The link may have been cut off or changed when it was copied, or it is too old "
+        "to be read any more. Nothing was changed.</p>"
+        "<p>To unsubscribe, open the link again from the most recent message you received "
+        "(or use your mail program's own unsubscribe button). If that does not work, reply "
+        "to the message and ask the sender to remove you.</p>",
+    )
+
+
 # Served with every unsubscribe page: never cached, never indexed, the tokenized URL never
 # leaks through a Referer, and nothing but our inline style and our own form may run.
 PAGE_HEADERS = {

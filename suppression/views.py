@@ -6,10 +6,25 @@ import dataclasses
 import datetime as dt
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
 from suppression.crypto import AddressProtector, InvalidToken
 from suppression.models import Suppression, SuppressionHistory
+
+# The values these fields can take, as types, so that the OpenAPI document lists them
+# (tests/test_enums.py checks them against suppression.service's constants and the README).
+ChannelName = Literal["email", "sms"]
+ReasonName = Literal[
+    "hard_bounce",
+    "complaint",
+    "unsubscribe",
+    "sms_stop",
+    "invalid_address",
+    "soft_bounce",
+    "manual",
+]
+SourceTypeName = Literal["provider_event", "unsubscribe", "operator", "import", "send_error"]
+HistoryActionName = Literal["add", "add_existing", "upgrade", "remove", "erase"]
 
 
 @dataclass
@@ -17,12 +32,12 @@ class EntryView:
     """A suppression entry; `address` is null after erasure (the hash stays and suppresses)."""
 
     id: uuid.UUID
-    channel: str
+    channel: ChannelName
     address: str | None
     scope: str
-    reason: str
+    reason: ReasonName
     active: bool
-    source_type: str
+    source_type: SourceTypeName
     source_id: str | None
     evidence: dict[str, Any]
     created_at: dt.datetime
@@ -31,15 +46,15 @@ class EntryView:
 
 @dataclass
 class HistoryView:
-    """One history row (add, add_existing, remove, erase)."""
+    """One history row (add, add_existing, upgrade, remove, erase)."""
 
     id: int
     suppression_id: uuid.UUID | None
     scope: str
-    action: str
+    action: HistoryActionName
     reason: str
     actor: str
-    source_type: str | None
+    source_type: SourceTypeName | None
     source_id: str | None
     details: dict[str, Any]
     at: dt.datetime
@@ -62,12 +77,12 @@ def entry_view(
     now = now or dt.datetime.now(dt.UTC)
     return EntryView(
         id=row.id,
-        channel=row.channel,
+        channel=cast(ChannelName, row.channel),
         address=display_address(protector, row.address_encrypted),
         scope=row.scope,
-        reason=row.reason,
+        reason=cast(ReasonName, row.reason),
         active=row.expires_at is None or row.expires_at > now,
-        source_type=row.source_type,
+        source_type=cast(SourceTypeName, row.source_type),
         source_id=row.source_id,
         evidence=row.evidence or {},
         created_at=row.created_at,
@@ -81,10 +96,10 @@ def history_view(row: SuppressionHistory) -> HistoryView:
         id=row.id,
         suppression_id=row.suppression_id,
         scope=row.scope,
-        action=row.action,
+        action=cast(HistoryActionName, row.action),
         reason=row.reason,
         actor=row.actor,
-        source_type=row.source_type,
+        source_type=cast(SourceTypeName | None, row.source_type),
         source_id=row.source_id,
         details=row.details or {},
         at=row.at,

@@ -27,7 +27,7 @@ async def test_a_refused_webhook_is_counted_and_exposed(client: httpx.AsyncClien
     assert refused.status_code == 403
     response = await client.get("/metrics")
     assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     assert "# TYPE gateway_provider_events_total counter" in response.text
     after = _value(
         response.text,

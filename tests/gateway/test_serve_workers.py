@@ -151,12 +151,20 @@ def test_embedded_default_with_two_workers(workdir: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
+    head: list[str] = []
     try:
         ready = wait_answering(proc, port, "/readyz")
         assert ready.status_code == 200, ready.text
         assert ready.json()["checks"]["database"]["ok"] is True
-        assert proc.stdout is not None
-        secret = proc.stdout.readline().strip().rsplit(" ", 1)[-1]
+        # The admin key is in the box on stderr (printed before the server answered).
+        assert proc.stderr is not None
+        secret = ""
+        while not secret:
+            line = proc.stderr.readline()
+            assert line, "stderr ended without an admin key"
+            head.append(line)
+            if "export KEY=" in line:
+                secret = line.split("export KEY=", 1)[1].split()[0]
         assert secret.startswith("gw_")
         pids = _workers(proc, 2)
         assert len(pids) == 2, pids
@@ -164,9 +172,10 @@ def test_embedded_default_with_two_workers(workdir: Path) -> None:
             status, _pid = _served_by(port, "/v1/keys", {"Authorization": f"Bearer {secret}"}, pids)
             assert status == 200
     finally:
-        out, err = _stop(proc)
+        out, rest = _stop(proc)
+    err = "".join(head) + rest
     assert proc.returncode == 0, err
-    assert "gw_" not in out  # printed once, by the parent
+    assert "gw_" not in out and err.count("export KEY=gw_") == 1  # printed once, by the parent
     assert err.count("DEVELOPMENT SECRETS") == 1  # the workers do not warn again
     assert "Traceback" not in err, err
     assert not (workdir / ".gateway" / "pg" / "postmaster.pid").exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from cryptography.fernet import Fernet
 
-from gateway.settings import SettingsError, load_settings
+from gateway.settings import SettingsError, load_settings, serving_public_url
 
 KEY = Fernet.generate_key().decode()
 HASH = base64.urlsafe_b64encode(b"k" * 32).decode()
@@ -74,3 +74,30 @@ def test_invalid_settings_name_the_variable(env: dict[str, str], name: str) -> N
         load_settings(env)
     assert info.value.name == name
     assert str(info.value).startswith(name)
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "expected"),
+    [
+        ("127.0.0.1", 8001, "http://127.0.0.1:8001"),
+        ("0.0.0.0", 9000, "http://127.0.0.1:9000"),
+        ("::1", 8002, "http://[::1]:8002"),
+        ("gw.internal", 80, "http://gw.internal:80"),
+    ],
+)
+def test_public_url_follows_serve_host_and_port(host: str, port: int, expected: str) -> None:
+    assert serving_public_url(load_settings({}), host, port) == expected
+
+
+def test_explicit_public_url_wins_over_host_and_port() -> None:
+    s = load_settings({"GATEWAY_PUBLIC_URL": "https://hooks.example.com"})
+    assert serving_public_url(s, "127.0.0.1", 8001) == "https://hooks.example.com"
+
+
+def test_third_party_log_level() -> None:
+    assert load_settings({}).third_party_log_level == "WARNING"
+    s = load_settings({"GATEWAY_THIRD_PARTY_LOG_LEVEL": "INFO", "GATEWAY_LOG_LEVEL": "DEBUG"})
+    assert (s.third_party_log_level, s.log_level) == ("INFO", "DEBUG")
+    with pytest.raises(SettingsError) as raised:
+        load_settings({"GATEWAY_THIRD_PARTY_LOG_LEVEL": "LOUD"})
+    assert raised.value.name == "GATEWAY_THIRD_PARTY_LOG_LEVEL"

@@ -213,7 +213,7 @@ async def test_export_csv_and_jsonl_with_history_and_since(
     key = bearer(await make_key("export"))
     r = await client.get("/v1/suppressions/export", params={"format": "jsonl"}, headers=key)
     assert r.status_code == 200, r.text
-    assert r.headers["content-type"].startswith("application/x-ndjson")
+    assert r.headers["content-type"] == "application/x-ndjson"
     assert "attachment" in r.headers["content-disposition"]
     items = [json.loads(line) for line in r.text.splitlines()]
     assert [(i["address"], i["reason"], i["scope"]) for i in items] == [
@@ -228,7 +228,7 @@ async def test_export_csv_and_jsonl_with_history_and_since(
     assert items[1]["history"][1]["details"]["removal_reason"] == "mistake"
 
     r = await client.get("/v1/suppressions/export", headers=key)
-    assert r.headers["content-type"].startswith("text/csv")
+    assert r.headers["content-type"] == "text/csv; charset=utf-8"
     rows = list(csv.DictReader(io.StringIO(r.text)))
     assert [row["address"] for row in rows] == ["a@example.com", "b@example.com", "+12025550143"]
     assert [h["action"] for h in json.loads(rows[1]["history"])] == ["add", "remove", "add"]

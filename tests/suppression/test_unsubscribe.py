@@ -136,6 +136,38 @@ async def test_bad_tokens_and_bad_bodies_change_nothing(
     assert r.status_code == 200
 
 
+BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+
+
+async def test_a_browser_following_a_bad_link_gets_a_page_saying_what_to_do(
+    client: httpx.AsyncClient, services: Services
+) -> None:
+    token = _token(services)
+    for method in ("GET", "POST"):
+        for bad in ("garbage", token[:-5] + "AAAAA", Fernet.generate_key().decode()):
+            r = await client.request(
+                method, f"/unsubscribe/{bad}", data=ONE_CLICK, headers={"Accept": BROWSER_ACCEPT}
+            )
+            assert r.status_code == 400, (method, bad)
+            assert r.headers["content-type"] == "text/html; charset=utf-8"
+            assert "This unsubscribe link is not valid" in r.text
+            assert "most recent message" in r.text  # what to do instead
+            assert r.headers["cache-control"] == "no-store"
+            assert r.headers["referrer-policy"] == "no-referrer"
+            # API clients (explicit problem+json, JSON, or anything) keep the problem document.
+            for accept in ("application/problem+json", "application/json", "*/*"):
+                r = await client.request(
+                    method, f"/unsubscribe/{bad}", data=ONE_CLICK, headers={"Accept": accept}
+                )
+                assert r.status_code == 400
+                assert r.headers["content-type"].startswith("application/problem+json"), accept
+                assert r.json()["type"] == "urn:problem:invalid-unsubscribe-token"
+    # A valid link in a browser still shows the confirmation page, and nothing changed.
+    r = await client.get(f"/unsubscribe/{token}", headers={"Accept": BROWSER_ACCEPT})
+    assert r.status_code == 200 and "<form" in r.text
+    assert await _state(services) == ([], 0)
+
+
 async def test_tokens_made_with_an_older_key_still_work(
     settings: Settings, services: Services
 ) -> None:
