@@ -55,9 +55,11 @@ async def test_account_pause_open_circuit_and_retry_say_so(
     [retrying] = _non_final(await gw.send(sms("+14155552670")))
     assert retrying["status"] == "retrying"
 
-    twilio_stub.then(Behavior.error(400, 21612, "cannot route"))
+    # 21212 (invalid From number) is about the whole account: the send pauses, held with
+    # the provider's reason.
+    twilio_stub.then(Behavior.error(400, 21212, "invalid From number"))
     [paused] = _non_final(await gw.send(sms("+14155552671")))
-    assert paused["status"] == "queued" and paused["reason"].startswith("twilio:21612")
+    assert paused["status"] == "queued" and paused["reason"].startswith("twilio:21212")
 
     [deferred] = _non_final(await gw.send(sms("+14155552672")))
     assert (deferred["status"], deferred["reason"]) == ("queued", "deferred: twilio circuit open")
