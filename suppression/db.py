@@ -66,18 +66,29 @@ class DatabaseUnavailable(Exception):
 
 
 # Failures of the server or the link, not of the statement: the database is (for now) gone.
-# `OSError` covers refused connections and a missing Unix socket (FileNotFoundError, an
-# embedded server that died), and `TimeoutError` a connect that never completed.
 _UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.InterfaceError,  # "connection is closed", "cannot perform operation: ..."
     asyncpg.InternalClientError,  # "another operation is in progress" on a broken connection
     asyncpg.PostgresConnectionError,  # ConnectionDoesNotExistError, ConnectionFailureError
     asyncpg.exceptions.OperatorInterventionError,  # admin/crash shutdown, cannot connect now
     asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
-    OSError,
-    TimeoutError,
     sa_exc.DisconnectionError,
     sa_exc.TimeoutError,  # no pooled connection became free in time
+    DatabaseUnavailable,
+)
+
+# OSError (a refused connection, a missing Unix socket: FileNotFoundError when an embedded
+# server died) and TimeoutError (a connect that never completed) reach us raw from the
+# driver's connect. They count when raised as they are, or under a database error; under
+# another library's error (Redis wraps its own connection failures around an OSError) they
+# say nothing about the database.
+_NETWORK: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+
+_DATABASE_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    sa_exc.SQLAlchemyError,
     DatabaseUnavailable,
 )
 
@@ -89,37 +100,38 @@ _SERVER_GONE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.CrashShutdownError,
     asyncpg.exceptions.CannotConnectNowError,
-    OSError,
 )
 
 
-def _causes(exc: BaseException) -> Iterator[BaseException]:
-    """`exc` and everything it wraps: SQLAlchemy's `.orig`, explicit causes, implicit context
-    (unless suppressed), and the members of exception groups."""
+def _causes(exc: BaseException) -> Iterator[tuple[BaseException, bool]]:
+    """`exc` and everything it wraps (SQLAlchemy's `.orig`, explicit causes, implicit
+    context unless suppressed, members of exception groups), each with whether it was raised
+    by the database driver's side (`exc` itself, or something under a database error)."""
     seen: set[int] = set()
-    stack = [exc]
+    stack = [(exc, True)]
     while stack:
-        current = stack.pop()
+        current, ours = stack.pop()
         if id(current) in seen:
             continue
         seen.add(id(current))
-        yield current
+        yield current, ours
         if isinstance(current, BaseExceptionGroup):
-            stack.extend(current.exceptions)
+            stack.extend((member, ours) for member in current.exceptions)
+        below = isinstance(current, _DATABASE_ERRORS)
         orig = getattr(current, "orig", None)
         if isinstance(orig, BaseException):
-            stack.append(orig)
+            stack.append((orig, below))
         if current.__cause__ is not None:
-            stack.append(current.__cause__)
+            stack.append((current.__cause__, below))
         elif current.__context__ is not None and not current.__suppress_context__:
-            stack.append(current.__context__)
+            stack.append((current.__context__, below))
 
 
 def is_database_unavailable(exc: BaseException) -> bool:
     """Whether `exc` (or what it wraps) says the database is unreachable or dropped the
     connection, as opposed to refusing a statement: the request may be retried later."""
-    for cause in _causes(exc):
-        if isinstance(cause, _UNAVAILABLE):
+    for cause, ours in _causes(exc):
+        if isinstance(cause, _UNAVAILABLE) or (ours and isinstance(cause, _NETWORK)):
             return True
         if isinstance(cause, sa_exc.DBAPIError) and cause.connection_invalidated:
             return True
@@ -127,7 +139,10 @@ def is_database_unavailable(exc: BaseException) -> bool:
 
 
 def _server_gone(exc: BaseException) -> bool:
-    return any(isinstance(cause, _SERVER_GONE) for cause in _causes(exc))
+    return any(
+        isinstance(cause, _SERVER_GONE) or (ours and isinstance(cause, _NETWORK))
+        for cause, ours in _causes(exc)
+    )
 
 
 @contextlib.asynccontextmanager
