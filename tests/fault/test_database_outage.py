@@ -13,15 +13,19 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
+from redis import exceptions as redis_exc
 from sqlalchemy import create_engine, text
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
 from gateway.app import create_app
 from gateway.keys import create_key
 from gateway.services import Services, build_services
 from gateway.settings import Settings
+from suppression.db import is_database_unavailable
 from tests.conftest import replace_settings
 from tests.fault.proxy import TcpProxy
 
@@ -162,3 +166,37 @@ async def test_terminated_backends_give_no_500_and_are_replaced(
     for method, path, body in ROUTES:
         r = await _call(client, admin, method, path, body)
         assert r.status_code < 500, (method, path, r.status_code, r.text)
+
+
+def _raised(outer: BaseException, inner: BaseException) -> BaseException:
+    """`outer` raised while handling `inner` (implicit context, as libraries do)."""
+    try:
+        try:
+            raise inner
+        except BaseException:
+            raise outer  # noqa: B904 - the implicit context is the point
+    except BaseException as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    ("exc", "unavailable"),
+    [
+        (ConnectionRefusedError(111, "refused"), True),
+        (FileNotFoundError(2, "no socket"), True),  # the embedded server died
+        (asyncpg.exceptions.ConnectionDoesNotExistError("closed mid-operation"), True),
+        (asyncpg.InterfaceError("connection is closed"), True),
+        (asyncpg.exceptions.CannotConnectNowError("starting up"), True),
+        (sa_exc.TimeoutError("QueuePool limit reached"), True),
+        (_raised(sa_exc.InterfaceError("s", {}, Exception("x")), OSError("reset")), True),
+        (asyncpg.exceptions.UniqueViolationError("duplicate key"), False),
+        (ValueError("a bug"), False),
+        # Redis wraps its own connection failures around an OSError: not the database.
+        (_raised(redis_exc.ConnectionError("Error 111"), ConnectionRefusedError(111, "")), False),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v),
+)
+def test_what_counts_as_the_database_being_unavailable(
+    exc: BaseException, unavailable: bool
+) -> None:
+    assert is_database_unavailable(exc) is unavailable
