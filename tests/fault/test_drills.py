@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.services import Services
 from tests.fault import drills
 
 
@@ -60,3 +61,10 @@ def test_slow_provider_holds_no_connection(
         drills.slow_provider_drill(clean_database, redis_url, tmp_path, sends=sends, delay=1.0)
     )
     _passed(outcome)
+
+
+async def test_a_burst_beyond_the_redis_pool_waits_instead_of_failing(services: Services) -> None:
+    # 200 concurrent sends asked the shared circuit breaker at once and got redis-py's
+    # "Too many connections" (a 500) beyond its default pool of 100.
+    answers = await asyncio.gather(*(services.breaker.allow("twilio") for _ in range(300)))
+    assert all(answers)
