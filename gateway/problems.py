@@ -3,22 +3,41 @@
 Controllers in every package raise Litestar's `HTTPException` (or a subclass) with a `detail`
 and optionally `extra={"type": ..., "title": ..., <more members>}`; the handlers here render
 each as `application/problem+json`. Anything unexpected becomes a bare 500 problem document
-without internals (the traceback goes to the log only).
+without internals (the traceback goes to the log only), except that a database which cannot
+be reached or dropped the connection, on any route, is a 503 with `Retry-After`: nothing was
+done, and the same request will work once it is back (`suppression.db.is_database_unavailable`
+decides, for SQLAlchemy's and asyncpg's errors alike).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from http import HTTPStatus
 from typing import Any
 
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
-from litestar.status_codes import HTTP_400_BAD_REQUEST, HTTP_500_INTERNAL_SERVER_ERROR
+from litestar.status_codes import (
+    HTTP_400_BAD_REQUEST,
+    HTTP_500_INTERNAL_SERVER_ERROR,
+    HTTP_503_SERVICE_UNAVAILABLE,
+)
+
+from suppression.db import is_database_unavailable
 
 log = logging.getLogger("gateway")
 
 PROBLEM_JSON = "application/problem+json"
+
+DATABASE_RETRY_AFTER_SECONDS = 5
+"""`Retry-After` of the 503 answered while the database is unavailable."""
+
+DATABASE_UNAVAILABLE_TYPE = "urn:problem:temporarily-unavailable"
+
+# An outage fails every request: say so in the log once per interval, not once per request.
+_OUTAGE_LOG_INTERVAL_SECONDS = 10.0
+_outage_log = {"last": -_OUTAGE_LOG_INTERVAL_SECONDS, "suppressed": 0}
 
 
 def problem_response(
@@ -82,8 +101,39 @@ def too_deep_handler(request: Request[Any, Any, Any], exc: RecursionError) -> Re
     )
 
 
+def database_unavailable_response() -> Response[dict[str, Any]]:
+    """The 503 problem document of a request that found the database unavailable."""
+    return problem_response(
+        HTTP_503_SERVICE_UNAVAILABLE,
+        "The database is unavailable right now; nothing was done. Retry later.",
+        type_=DATABASE_UNAVAILABLE_TYPE,
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
+    )
+
+
+def _log_outage(request: Request[Any, Any, Any], exc: Exception) -> None:
+    now = time.monotonic()
+    if now - _outage_log["last"] < _OUTAGE_LOG_INTERVAL_SECONDS:
+        _outage_log["suppressed"] += 1
+        return
+    log.warning(
+        "database unavailable (%s: %s) on %s %s; answering 503 (%d similar since the last report)",
+        type(exc).__name__,
+        str(exc)[:200],
+        request.method,
+        request.url.path,
+        _outage_log["suppressed"],
+    )
+    _outage_log["last"] = now
+    _outage_log["suppressed"] = 0
+
+
 def internal_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    """Last resort: log the failure, say nothing of internals."""
+    """Last resort: a database outage is a 503 with `Retry-After`; anything else is logged
+    and answered 500 without internals."""
+    if is_database_unavailable(exc):
+        _log_outage(request, exc)
+        return database_unavailable_response()
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return problem_response(
         HTTP_500_INTERNAL_SERVER_ERROR, "An internal error occurred.", type_="urn:problem:internal"

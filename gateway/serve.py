@@ -1,8 +1,9 @@
 """`gateway serve`: the HTTP API in one process, or in N uvicorn worker processes on one port.
 
 The parent does what must happen once, before any worker starts: it starts the embedded
-PostgreSQL when no DATABASE_URL is set (and keeps it running for as long as it runs), applies
-the migrations and, on the embedded default's first start, prints an admin key.
+PostgreSQL when no DATABASE_URL is set (keeps it running for as long as it runs, restarts it
+if it dies, and stops it on every way out: see `gateway.embedded`), applies the migrations
+and, on the embedded default's first start, prints an admin key.
 
 With `--workers 1` (the default) the app then runs in that same process. With more, uvicorn
 binds the port in the parent and spawns N fresh interpreters that share the socket; each one
@@ -28,6 +29,13 @@ import sys
 
 from litestar import Litestar
 
+from gateway.embedded import (
+    EXIT_DATABASE_LOST,
+    EmbeddedServer,
+    server_for,
+    stop_on_signals,
+    terminate_self,
+)
 from gateway.runtime import (
     Prepared,
     adopt,
@@ -49,23 +57,51 @@ WORKER_HEALTHCHECK_SECONDS = 20
 
 
 def serve(settings: Settings, *, host: str, port: int, workers: int = 1) -> int:
-    """Prepare once, then serve on `host:port` with `workers` processes until signalled."""
-    import uvicorn
+    """Prepare once, then serve on `host:port` with `workers` processes until signalled.
 
+    The embedded PostgreSQL (no DATABASE_URL) is stopped on every way out: SIGTERM, SIGINT,
+    an exception. While serving, it is watched: restarted if it dies, and if it cannot be,
+    the gateway stops with exit status `EXIT_DATABASE_LOST` (see `gateway.embedded`)."""
     public_url = serving_public_url(settings, host, port)
     if public_url != settings.public_url:
         settings = dataclasses.replace(settings, public_url=public_url)
         # The workers of `--workers N` read their settings from this environment again.
         os.environ["GATEWAY_PUBLIC_URL"] = public_url
-    prepared = prepare(settings)
-    for line in startup_summary(prepared, listen=f"http://{_host_in_url(host)}:{port}"):
-        log.info("%s", line)
-    if prepared.settings.embedded_database:
-        asyncio.run(_print_first_admin_key(prepared))
+    embedded: EmbeddedServer | None = None
+
+    def exit_status() -> int:
+        return EXIT_DATABASE_LOST if embedded is not None and embedded.gave_up else 0
+
+    with stop_on_signals(exit_status):
+        try:
+            prepared = prepare(settings)
+            for line in startup_summary(prepared, listen=f"http://{_host_in_url(host)}:{port}"):
+                log.info("%s", line)
+            if prepared.settings.embedded_database:
+                embedded = server_for(prepared.settings.data_dir)
+                if embedded is not None:
+                    embedded.watch(on_give_up=terminate_self)
+                asyncio.run(_print_first_admin_key(prepared))
+            _run_uvicorn(prepared, settings, host=host, port=port, workers=workers)
+        finally:
+            if embedded is None and settings.embedded_database:
+                embedded = server_for(settings.data_dir)  # interrupted while preparing
+            if embedded is not None:
+                embedded.stop()
+    return exit_status()
+
+
+def _run_uvicorn(
+    prepared: Prepared, settings: Settings, *, host: str, port: int, workers: int
+) -> None:
+    import uvicorn
+
     log_level = settings.log_level.lower()
     if workers <= 1:
+        # uvicorn handles SIGTERM/SIGINT while it runs, then raises the signal again: the
+        # handlers of `stop_on_signals` turn that into SystemExit, so `serve` can clean up.
         uvicorn.run(app_for(prepared), host=host, port=port, log_level=log_level)
-        return 0
+        return
     if settings.redis_url is None:
         log.warning(
             "serving with %d worker processes without REDIS_URL: rate limits and circuit "
@@ -83,7 +119,6 @@ def serve(settings: Settings, *, host: str, port: int, workers: int = 1) -> int:
         log_level=log_level,
         timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS,
     )
-    return 0
 
 
 def app_for(prepared: Prepared) -> Litestar:

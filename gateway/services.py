@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 from litestar import Request
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.db import create_engine, session_factory
@@ -104,16 +104,7 @@ class Services:
 def build_services(settings: Settings, database_url: str) -> Services:
     """Wire the concrete adapters for `settings` (secrets must already be resolved)."""
     engine = create_engine(database_url, pool_size=settings.db_pool_size)
-    # Bounded socket waits: a Redis that hangs must defer sends (retry.shared), not hang them.
-    redis = (
-        Redis.from_url(
-            settings.redis_url,
-            socket_timeout=REDIS_TIMEOUT_SECONDS,
-            socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
-        )
-        if settings.redis_url
-        else None
-    )
+    redis = _redis(settings.redis_url) if settings.redis_url else None
     sessions = session_factory(engine)
     protector = AddressProtector(settings.hash_key, settings.secret_keys)
     # retry: rate limiter and circuit breaker, shared through Redis when configured.
@@ -195,6 +186,25 @@ def build_services(settings: Settings, database_url: str) -> Services:
     )
     services.closers.append(send_service.close)
     return services
+
+
+REDIS_MAX_CONNECTIONS = 100
+REDIS_POOL_TIMEOUT_SECONDS = 5.0
+
+
+def _redis(url: str) -> Redis:
+    """A Redis client whose pool makes a burst wait for a free connection (up to
+    REDIS_POOL_TIMEOUT_SECONDS) instead of failing: redis-py's default pool raises
+    "Too many connections" beyond 100 at once, which 200 concurrent sends reached."""
+    # Bounded socket waits: a Redis that hangs must defer sends (retry.shared), not hang them.
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=REDIS_MAX_CONNECTIONS,
+        timeout=REDIS_POOL_TIMEOUT_SECONDS,
+        socket_timeout=REDIS_TIMEOUT_SECONDS,
+        socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
+    )
+    return Redis.from_pool(pool)
 
 
 def _providers(settings: Settings, runner: FeedbackRunner) -> dict[str, Provider]:

@@ -11,11 +11,12 @@ import contextlib
 import datetime as dt
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import asyncpg
 from sqlalchemy import MetaData
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.util import greenlet_spawn
@@ -55,8 +56,93 @@ def new_id() -> uuid.UUID:
 Pg = Any
 """An `asyncpg.Connection` (asyncpg ships no type information)."""
 
-# Errors after which a pooled connection must not be used again.
-_BROKEN = (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, OSError)
+
+class DatabaseUnavailable(Exception):
+    """The database cannot be reached or dropped the connection: nothing was done, retry later.
+
+    Raised where a caller turns a driver failure into a statement about availability (the
+    API-key look-up); anything else may raise the driver's own errors, which
+    `is_database_unavailable` recognises too."""
+
+
+# Failures of the server or the link, not of the statement: the database is (for now) gone.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    asyncpg.InterfaceError,  # "connection is closed", "cannot perform operation: ..."
+    asyncpg.InternalClientError,  # "another operation is in progress" on a broken connection
+    asyncpg.PostgresConnectionError,  # ConnectionDoesNotExistError, ConnectionFailureError
+    asyncpg.exceptions.OperatorInterventionError,  # admin/crash shutdown, cannot connect now
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
+    sa_exc.DisconnectionError,
+    sa_exc.TimeoutError,  # no pooled connection became free in time
+    DatabaseUnavailable,
+)
+
+# OSError (a refused connection, a missing Unix socket: FileNotFoundError when an embedded
+# server died) and TimeoutError (a connect that never completed) reach us raw from the
+# driver's connect. They count when raised as they are, or under a database error; under
+# another library's error (Redis wraps its own connection failures around an OSError) they
+# say nothing about the database.
+_NETWORK: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+
+_DATABASE_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    sa_exc.SQLAlchemyError,
+    DatabaseUnavailable,
+)
+
+# Failures after which no connection opened before them can be trusted (the server went
+# away): the whole pool is marked stale and each connection is replaced at its next checkout,
+# at no cost to the checkouts of a healthy pool.
+_SERVER_GONE: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.CannotConnectNowError,
+)
+
+
+def _causes(exc: BaseException) -> Iterator[tuple[BaseException, bool]]:
+    """`exc` and everything it wraps (SQLAlchemy's `.orig`, explicit causes, implicit
+    context unless suppressed, members of exception groups), each with whether it was raised
+    by the database driver's side (`exc` itself, or something under a database error)."""
+    seen: set[int] = set()
+    stack = [(exc, True)]
+    while stack:
+        current, ours = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current, ours
+        if isinstance(current, BaseExceptionGroup):
+            stack.extend((member, ours) for member in current.exceptions)
+        below = isinstance(current, _DATABASE_ERRORS)
+        orig = getattr(current, "orig", None)
+        if isinstance(orig, BaseException):
+            stack.append((orig, below))
+        if current.__cause__ is not None:
+            stack.append((current.__cause__, below))
+        elif current.__context__ is not None and not current.__suppress_context__:
+            stack.append((current.__context__, below))
+
+
+def is_database_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` (or what it wraps) says the database is unreachable or dropped the
+    connection, as opposed to refusing a statement: the request may be retried later."""
+    for cause, ours in _causes(exc):
+        if isinstance(cause, _UNAVAILABLE) or (ours and isinstance(cause, _NETWORK)):
+            return True
+        if isinstance(cause, sa_exc.DBAPIError) and cause.connection_invalidated:
+            return True
+    return False
+
+
+def _server_gone(exc: BaseException) -> bool:
+    return any(
+        isinstance(cause, _SERVER_GONE) or (ours and isinstance(cause, _NETWORK))
+        for cause, ours in _causes(exc)
+    )
 
 
 @contextlib.asynccontextmanager
@@ -64,15 +150,25 @@ async def pg_connection(engine: AsyncEngine) -> AsyncIterator[Pg]:
     """An asyncpg connection from `engine`'s pool, in autocommit mode.
 
     Each statement is its own transaction unless the caller opens one with
-    `async with conn.transaction():`. A connection that broke while in use is invalidated,
-    so the pool replaces it instead of handing it out again. (Checked out of the pool
-    directly, without an `AsyncConnection` around it: a third of the cost per checkout.)
+    `async with conn.transaction():`. (Checked out of the pool directly, without an
+    `AsyncConnection` around it: a third of the cost per checkout.)
+
+    A connection is never handed out again after it broke: a driver or network failure
+    invalidates it (its next user would otherwise get "connection is closed" or "another
+    operation is in progress"). When the failure says the server itself went away, every
+    connection of the pool opened before it is replaced at its next checkout. No round trip
+    is spent on checking connections at checkout (no pre-ping): a dead one fails its first
+    statement, is dropped, and that request gets a 503.
     """
     fairy = await greenlet_spawn(engine.sync_engine.pool.connect)
+    pg: Pg = fairy.driver_connection
     try:
-        yield fairy.driver_connection
-    except _BROKEN:
-        await greenlet_spawn(fairy.invalidate)
+        yield pg
+    except Exception as exc:
+        if pg.is_closed() or is_database_unavailable(exc):
+            if _server_gone(exc):
+                engine.sync_engine.pool._invalidate(fairy, exc, _checkin=False)
+            await greenlet_spawn(fairy.invalidate, exc)
         raise
     finally:
         await greenlet_spawn(fairy.close)
