@@ -101,6 +101,11 @@ class StubServer:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
+                if len(raw) < length:
+                    # The client died mid-request (the kill -9 drill): like a real provider,
+                    # a truncated request is not a message.
+                    self.close_connection = True
+                    return
                 stub._handle(self, raw)
 
             def do_GET(self) -> None:
