@@ -9,12 +9,13 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable
 
-from litestar import Response, get
+from litestar import MediaType, Response, get
 
 from webhooks.errors import VERIFICATION_FAILURES
 from webhooks.ingest import EVENTS, PROVIDER_FLAGS
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Litestar appends "; charset=utf-8" to text/* types.
+CONTENT_TYPE = "text/plain; version=0.0.4"
 
 # name, help, labels, counter
 FAMILIES: tuple[tuple[str, str, tuple[str, str], collections.Counter[tuple[str, str]]], ...] = (
@@ -60,7 +61,12 @@ def _items(counter: collections.Counter[tuple[str, str]]) -> Iterable[tuple[tupl
     return list(counter.items())  # a copy: handlers may count while we render
 
 
-@get("/metrics", tags=["health"], summary="Process counters (Prometheus text format)")
+@get(
+    "/metrics",
+    tags=["health"],
+    media_type=MediaType.TEXT,
+    summary="Process counters (Prometheus text format)",
+)
 async def metrics() -> Response[str]:
     """The process's counters; no authentication, no personal data."""
     return Response(render(), media_type=CONTENT_TYPE)

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from litestar import Controller, Request, delete, get, post
 from litestar.exceptions import ClientException, HTTPException, NotFoundException
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Parameter, QueryParameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -25,6 +26,13 @@ from retry import dlq
 from retry.queue import DeliveryQueue
 
 EntryState = Literal["open", "redriven", "discarded", "all"]
+
+# OpenAPI: a query filter is text when given (Litestar would also allow JSON null).
+_TEXT = {"one_of": None, "type": "string"}
+_NOT_FOUND = ResponseSpec(None, description="No dead-letter entry has this id")
+_CONFLICT = ResponseSpec(
+    None, description="The entry is resolved already, or its delivery is no longer dead"
+)
 
 
 @dataclass
@@ -138,13 +146,27 @@ class DeadLetterController(Controller):
         self,
         db_session: AsyncSession,
         delivery_queue: DeliveryQueue,
-        reason: str | None = None,
-        channel: str | None = None,
+        reason: Annotated[
+            str | None,
+            Parameter(
+                description=f"One of {', '.join(dlq.REASONS)} (others match nothing)",
+                schema_extra=_TEXT,
+            ),
+        ] = None,
+        channel: Annotated[
+            str | None,
+            Parameter(description="email or sms (others match nothing)", schema_extra=_TEXT),
+        ] = None,
         since: dt.datetime | None = None,
         until: dt.datetime | None = None,
         entry_state: Annotated[EntryState, QueryParameter(name="state")] = "open",
         limit: Annotated[int, Parameter(ge=1, le=500)] = 50,
-        cursor: str | None = None,
+        cursor: Annotated[
+            str | None,
+            Parameter(
+                description="`next_cursor` of the previous page (opaque)", schema_extra=_TEXT
+            ),
+        ] = None,
     ) -> DeadLetterPage:
         """Entries newest first. `state` defaults to `open` (unresolved)."""
         f = dlq.DeadLetterFilter(reason, channel, _aware(since), _aware(until), entry_state)
@@ -156,7 +178,11 @@ class DeadLetterController(Controller):
             raise ClientException("The cursor is not valid.") from None
         return DeadLetterPage([entry_view(e) for e in entries], next_cursor)
 
-    @get("/{entry_id:uuid}", summary="Show a dead-letter entry with its attempt history")
+    @get(
+        "/{entry_id:uuid}",
+        summary="Show a dead-letter entry with its attempt history",
+        responses={404: _NOT_FOUND},
+    )
     async def show(
         self, entry_id: uuid.UUID, db_session: AsyncSession, delivery_queue: DeliveryQueue
     ) -> DeadLetterDetail:
@@ -166,7 +192,12 @@ class DeadLetterController(Controller):
         except dlq.DeadLetterNotFound:
             raise NotFoundException(f"No dead-letter entry {entry_id}.") from None
 
-    @post("/{entry_id:uuid}/redrive", status_code=200, summary="Redrive one entry")
+    @post(
+        "/{entry_id:uuid}/redrive",
+        status_code=200,
+        summary="Redrive one entry",
+        responses={404: _NOT_FOUND, 409: _CONFLICT},
+    )
     async def redrive(
         self,
         entry_id: uuid.UUID,
@@ -209,14 +240,27 @@ class DeadLetterController(Controller):
                 return BulkRedriveResult(total)
             total += n
 
-    @delete("/{entry_id:uuid}", status_code=200, summary="Discard an entry (kept as history)")
+    @delete(
+        "/{entry_id:uuid}",
+        status_code=200,
+        summary="Discard an entry (kept as history)",
+        responses={404: _NOT_FOUND, 409: _CONFLICT},
+    )
     async def discard(
         self,
         entry_id: uuid.UUID,
         request: Request[Any, Any, Any],
         db_session: AsyncSession,
         delivery_queue: DeliveryQueue,
-        reason: Annotated[str, Parameter(min_length=1, max_length=1000)],
+        reason: Annotated[
+            str,
+            Parameter(
+                min_length=1,
+                max_length=1000,
+                # Some text: not only white space.
+                pattern=r"[^\s\x1c-\x1f\x85]",
+            ),
+        ],
     ) -> DeadLetterDetail:
         """Resolve the entry as discarded with a required `reason`; the delivery stays dead."""
         if not reason.strip():

@@ -23,7 +23,16 @@ from litestar import Controller, MediaType, Request, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.exceptions import HTTPException, NotFoundException
-from litestar.params import Parameter, QueryParameter
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import (
+    OpenAPIMediaType,
+    OpenAPIType,
+    Operation,
+    Reference,
+    RequestBody,
+    Schema,
+)
+from litestar.params import Parameter, ParameterKwarg, QueryParameter
 from litestar.response import Stream
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -65,6 +74,58 @@ MAX_CHECK_ADDRESSES = 10_000
 UNSUBSCRIBE_RETRY_AFTER_SECONDS = 60
 
 log = logging.getLogger("gateway.suppression")
+
+# --- what the OpenAPI document states (the handlers check the same rules) ----------------------
+# Error responses are problem documents (the composition root says so for every route).
+
+
+def _one_of(values: tuple[str, ...]) -> ParameterKwarg:
+    """A text parameter or field that takes one of `values`."""
+    extra = {"one_of": None, "type": "string", "enum": list(values)}
+    parameter: ParameterKwarg = Parameter(schema_extra=extra)
+    return parameter
+
+
+_CHANNEL = _one_of(CHANNELS)
+_SCOPE = Parameter(schema_extra={"one_of": None, "type": "string"}, pattern=service.SCOPE_PATTERN)
+_INVALID_ADDRESS = ResponseSpec(
+    None, description="Not a valid address for the channel (urn:problem:invalid-address)"
+)
+_TEXT = Schema(type=OpenAPIType.STRING)
+
+
+def _operation(
+    *,
+    body: dict[str, Schema] | None = None,
+    body_description: str | None = None,
+    ok: dict[str, Schema] | None = None,
+) -> type[Operation]:
+    """An OpenAPI operation with what Litestar cannot infer from a handler that reads its
+    body raw (`body`: media type -> schema) or answers in several media types (`ok`)."""
+
+    @dataclass
+    class _Documented(Operation):
+        def __post_init__(self) -> None:
+            if body is not None:
+                content = {media: OpenAPIMediaType(schema=schema) for media, schema in body.items()}
+                self.request_body = RequestBody(
+                    content=content, description=body_description, required=True
+                )
+            if ok is not None and self.responses is not None:
+                response = self.responses["200"]
+                assert not isinstance(response, Reference)
+                response.content = {
+                    media: OpenAPIMediaType(schema=schema) for media, schema in ok.items()
+                }
+
+    return _Documented
+
+
+_ONE_CLICK_FORM = Schema(
+    type=OpenAPIType.OBJECT,
+    properties={ONE_CLICK_FIELD: Schema(type=OpenAPIType.STRING, enum=[ONE_CLICK_VALUE])},
+    required=[ONE_CLICK_FIELD],
+)
 
 
 @dataclass(frozen=True)
@@ -121,10 +182,10 @@ class AddressSuppressions:
 class SuppressionCreate:
     """Body of `POST /v1/suppressions` (manual add)."""
 
-    channel: str
+    channel: Annotated[str, _CHANNEL]
     address: str
-    reason: str
-    scope: str = service.SCOPE_ALL
+    reason: Annotated[str, _one_of(service.REASONS)]
+    scope: Annotated[str, _SCOPE] = service.SCOPE_ALL
     expires_at: dt.datetime | None = None
 
 
@@ -151,10 +212,10 @@ class CheckRequest:
     unsubscribes; a marketing message without a topic is checked against `marketing`.
     """
 
-    channel: str
-    addresses: list[str]
-    category: str = "marketing"
-    topic: str | None = None
+    channel: Annotated[str, _CHANNEL]
+    addresses: Annotated[list[str], Parameter(max_items=MAX_CHECK_ADDRESSES)]
+    category: Annotated[str, _one_of(("transactional", "marketing"))] = "marketing"
+    topic: Annotated[str | None, Parameter(pattern=service.SCOPE_PATTERN)] = None
 
 
 @dataclass
@@ -285,12 +346,25 @@ class SuppressionsController(Controller):
         self,
         db_session: AsyncSession,
         suppression: SuppressionContext,
-        channel: str | None = None,
-        reason: str | None = None,
+        channel: Annotated[str | None, _CHANNEL] = None,
+        reason: Annotated[str | None, _one_of(service.REASONS)] = None,
         # `scope` is a reserved handler argument in Litestar (the ASGI scope), hence the alias.
-        entry_scope: Annotated[str | None, QueryParameter(name="scope")] = None,
+        entry_scope: Annotated[
+            str | None,
+            QueryParameter(
+                name="scope",
+                pattern=service.SCOPE_PATTERN,
+                schema_extra={"one_of": None, "type": "string"},
+            ),
+        ] = None,
         since: dt.datetime | None = None,
-        cursor: str | None = None,
+        cursor: Annotated[
+            str | None,
+            Parameter(
+                description="`next_cursor` of the previous page (opaque)",
+                schema_extra={"one_of": None, "type": "string"},
+            ),
+        ] = None,
         limit: Annotated[int, Parameter(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
     ) -> SuppressionPage:
         """Entries oldest first, filtered by channel, reason, scope and creation time."""
@@ -315,9 +389,18 @@ class SuppressionsController(Controller):
             next_cursor=encode_cursor(*last) if last else None,
         )
 
-    @get("/{channel:str}/{address:str}", opt={"scope": "read"}, summary="Entries of one address")
+    @get(
+        "/{channel:str}/{address:str}",
+        opt={"scope": "read"},
+        summary="Entries of one address",
+        responses={422: _INVALID_ADDRESS},
+    )
     async def get_address(
-        self, channel: str, address: str, db_session: AsyncSession, suppression: SuppressionContext
+        self,
+        channel: Annotated[str, _CHANNEL],
+        address: str,
+        db_session: AsyncSession,
+        suppression: SuppressionContext,
     ) -> AddressSuppressions:
         """The entries of one address (any scope, expired ones too) and its whole history."""
         normalized = _address(suppression, channel, address)
@@ -334,7 +417,21 @@ class SuppressionsController(Controller):
             history=[history_view(h) for h in history],
         )
 
-    @post("/", opt={"scope": "admin"}, summary="Add a suppression manually")
+    @post(
+        "/",
+        opt={"scope": "admin"},
+        summary="Add a suppression manually",
+        responses={
+            200: ResponseSpec(
+                SuppressionCreated, description="An active entry existed already (created: false)"
+            ),
+            422: ResponseSpec(
+                None,
+                description="Invalid address (urn:problem:invalid-address), or a reason, scope "
+                "or expiry that do not fit together (urn:problem:invalid-suppression)",
+            ),
+        },
+    )
     async def create(
         self,
         data: SuppressionCreate,
@@ -375,20 +472,43 @@ class SuppressionsController(Controller):
         opt={"scope": "admin"},
         status_code=200,
         summary="Remove suppressions of one address (reason required)",
+        responses={
+            404: ResponseSpec(None, description="No entry matches this address and scope"),
+            409: ResponseSpec(
+                None,
+                description="A complaint or sms_stop entry, and no force=true "
+                "(urn:problem:protected-suppression)",
+            ),
+            422: _INVALID_ADDRESS,
+        },
     )
     async def remove(
         self,
-        channel: str,
+        channel: Annotated[str, _CHANNEL],
         address: str,
         request: Request[Any, Any, Any],
         db_session: AsyncSession,
         suppression: SuppressionContext,
+        # Checked by the handler, so that its absence is the documented
+        # urn:problem:removal-reason-required rather than a generic validation error.
         reason: Annotated[
-            str | None, Parameter(description="Why the entry is removed (required).")
+            str | None,
+            Parameter(
+                description="Why the entry is removed.",
+                required=True,
+                # Some text: not empty, not only white space.
+                pattern=r"[^\s\x1c-\x1f\x85]",
+                schema_extra={"one_of": None, "type": "string"},
+            ),
         ] = None,
         entry_scope: Annotated[
             str | None,
-            QueryParameter(name="scope", description="Only this scope (default: every scope)."),
+            QueryParameter(
+                name="scope",
+                description="Only this scope (default: every scope).",
+                pattern=service.SCOPE_PATTERN,
+                schema_extra={"one_of": None, "type": "string"},
+            ),
         ] = None,
         force: Annotated[
             bool, Parameter(description="Required to remove complaint or sms_stop entries.")
@@ -435,6 +555,13 @@ class SuppressionsController(Controller):
         status_code=200,
         request_max_body_size=8 * 1024 * 1024,
         summary="Which of these addresses are suppressed (campaign pre-filter)",
+        responses={
+            422: ResponseSpec(
+                None,
+                description="Invalid category or topic "
+                "(urn:problem:invalid-category, urn:problem:invalid-parameter)",
+            )
+        },
     )
     async def check(self, data: CheckRequest, suppression: SuppressionContext) -> CheckResult:
         """Up to 10,000 addresses in, the suppressed (and invalid) ones out, in one query.
@@ -488,20 +615,31 @@ class SuppressionsController(Controller):
         # Streamed and processed in batches, so there is no reason to cap the size.
         request_max_body_size=None,
         summary="Import a CSV or JSON Lines file (ours, SES, SendGrid), streamed",
+        operation_class=_operation(
+            body={"text/csv": _TEXT, "application/x-ndjson": _TEXT},
+            body_description="The file, read whatever the Content-Type; with format=auto "
+            "its layout is recognized from the first line (400 "
+            "urn:problem:unrecognized-import-format when it is none of them)",
+        ),
     )
     async def import_entries(
         self,
         request: Request[Any, Any, Any],
         suppression: SuppressionContext,
         format: Annotated[
-            str, Parameter(description="auto (sniff), gateway, ses or sendgrid")
+            str,
+            Parameter(
+                description="auto (sniff), gateway, ses or sendgrid",
+                schema_extra={"enum": list(IMPORT_FORMATS)},
+            ),
         ] = "auto",
-        sendgrid_list: Annotated[
-            str | None,
-            Parameter(description="bounces, blocks, spam_reports, invalid_emails, unsubscribes"),
-        ] = None,
+        sendgrid_list: Annotated[str | None, _one_of(SENDGRID_LISTS)] = None,
         unsubscribe_scope: Annotated[
-            str, Parameter(description="Scope given to imported unsubscribes")
+            str,
+            Parameter(
+                description="Scope given to imported unsubscribes",
+                pattern=service.SCOPE_PATTERN,
+            ),
         ] = "marketing",
     ) -> ImportResult:
         """Add every valid row; invalid rows are reported, never fatal."""
@@ -544,11 +682,14 @@ class SuppressionsController(Controller):
         opt={"scope": "export"},
         summary="Export every entry with its history, streamed (csv or jsonl)",
         response_description="CSV or JSON Lines, one entry per line",
+        operation_class=_operation(ok={"text/csv": _TEXT, "application/x-ndjson": _TEXT}),
     )
     async def export(
         self,
         suppression: SuppressionContext,
-        format: Annotated[str, Parameter(description="csv or jsonl")] = "csv",
+        format: Annotated[
+            str, Parameter(description="csv or jsonl", schema_extra={"enum": list(EXPORT_FORMATS)})
+        ] = "csv",
         since: Annotated[
             dt.datetime | None, Parameter(description="Only entries created at or after")
         ] = None,
@@ -558,7 +699,8 @@ class SuppressionsController(Controller):
             raise _problem(
                 400, "urn:problem:invalid-parameter", f"format must be one of {EXPORT_FORMATS}"
             )
-        media_type = "text/csv; charset=utf-8" if format == "csv" else "application/x-ndjson"
+        # Litestar adds "; charset=utf-8" to text/* types itself.
+        media_type = "text/csv" if format == "csv" else "application/x-ndjson"
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         return Stream(
             export_chunks(
@@ -609,6 +751,7 @@ async def _one_click_value(request: Request[Any, Any, Any]) -> str | None:
     dependencies=DEPENDENCIES,
     media_type=MediaType.HTML,
     summary="Confirmation page (a GET never unsubscribes)",
+    responses={400: ResponseSpec(None, description="urn:problem:invalid-unsubscribe-token")},
 )
 async def unsubscribe_page(token: str, suppression: SuppressionContext) -> Response[str]:
     """Show what would be unsubscribed and a button that POSTs the one-click body."""
@@ -624,6 +767,24 @@ async def unsubscribe_page(token: str, suppression: SuppressionContext) -> Respo
     status_code=200,
     request_max_body_size=16 * 1024,
     summary="RFC 8058 one-click unsubscribe (body List-Unsubscribe=One-Click)",
+    responses={
+        400: ResponseSpec(
+            None,
+            description="urn:problem:invalid-unsubscribe-token, or "
+            "urn:problem:one-click-body-required",
+        ),
+        503: ResponseSpec(
+            None,
+            description="Nothing could be stored; retry (Retry-After) "
+            "(urn:problem:temporarily-unavailable)",
+        ),
+    },
+    operation_class=_operation(
+        body={
+            "application/x-www-form-urlencoded": _ONE_CLICK_FORM,
+            "multipart/form-data": _ONE_CLICK_FORM,
+        }
+    ),
 )
 async def unsubscribe_one_click(
     token: str,
