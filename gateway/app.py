@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 from litestar import Litestar
@@ -16,6 +17,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import (
     Components,
     OpenAPI,
+    OpenAPIFormat,
     OpenAPIHeader,
     OpenAPIMediaType,
     OpenAPIResponse,
@@ -127,7 +129,6 @@ def create_app(
             title="Provider feedback and suppression gateway",
             version=VERSION,
             components=Components(
-                schemas={"Problem": PROBLEM_SCHEMA},
                 security_schemes={
                     "apiKey": SecurityScheme(
                         type="http",
@@ -178,9 +179,16 @@ def openapi_document(app: Litestar) -> OpenAPI:
     every error is a problem document (`components.schemas.Problem`), and a route guarded
     by an API-key scope (`opt={"scope": ...}`, gateway.auth) requires the bearer key and
     answers 401/403. Litestar cannot express either per layer; it also marks every request
-    body required, optional ones too. Idempotent; runs at startup,
+    body required, optional ones too, and does not say that it takes a number for a
+    date-time. Idempotent; runs at startup,
     before /schema can be served, and for `gateway openapi`."""
     openapi = app.openapi_schema
+    schemas = openapi.components.schemas if openapi.components.schemas is not None else {}
+    if "Problem" in schemas:
+        return openapi
+    schemas["Problem"] = PROBLEM_SCHEMA
+    openapi.components.schemas = dict(sorted(schemas.items()))
+    _also_unix_times(openapi)
     for route in app.routes:
         if not isinstance(route, HTTPRoute) or route.path_format not in (openapi.paths or {}):
             continue
@@ -218,6 +226,34 @@ def openapi_document(app: Litestar) -> OpenAPI:
                     response.content = {PROBLEM_JSON: OpenAPIMediaType(schema=_PROBLEM)}
             operation.responses = dict(sorted(responses.items()))
     return openapi
+
+
+# Litestar decodes a date-time leniently: a number (JSON body) or numeric text (query) is
+# taken as Unix time in seconds, within the years 1-9999.
+_UNIX_TIME = Schema(
+    type=OpenAPIType.NUMBER,
+    minimum=-62135596800,
+    maximum=253402300799,
+    description="Unix time in seconds",
+)
+
+
+def _also_unix_times(node: object) -> None:
+    """Document every date-time as what it accepts: RFC 3339 text or a Unix time."""
+    if isinstance(node, Schema) and node.format == OpenAPIFormat.DATE_TIME:
+        node.any_of = [Schema(type=node.type, format=node.format), _UNIX_TIME]
+        node.type = node.format = None
+        return
+    if isinstance(node, dict):
+        children: Iterable[object] = node.values()
+    elif isinstance(node, list):
+        children = node
+    elif dataclasses.is_dataclass(node):
+        children = (getattr(node, f.name) for f in dataclasses.fields(node))
+    else:
+        return
+    for child in children:
+        _also_unix_times(child)
 
 
 async def complete_allow_header(message: Message, scope: Scope) -> None:

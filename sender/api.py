@@ -12,7 +12,7 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.exceptions import HTTPException, NotFoundException
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import HeaderParameter
+from litestar.params import Body, HeaderParameter
 
 from sender.keys import IDEMPOTENCY_KEY_PATTERN, InvalidIdempotencyKey, parse_idempotency_key
 from sender.schemas import MessageCreated, MessageView, SendMessage
@@ -81,7 +81,8 @@ class MessagesController(Controller):
     async def create(
         self,
         request: Request[Any, Any, Any],
-        data: SendMessage,
+        # SendMessage refuses unknown members (forbid_unknown_fields); Litestar does not say so.
+        data: Annotated[SendMessage, Body(schema_extra={"additional_properties": False})],
         send_service: SendService,
         idempotency_key: Annotated[
             str | None,

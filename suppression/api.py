@@ -98,6 +98,7 @@ def _operation(
     *,
     body: dict[str, Schema] | None = None,
     body_description: str | None = None,
+    body_required: bool = True,
     ok: dict[str, Schema] | None = None,
 ) -> type[Operation]:
     """An OpenAPI operation with what Litestar cannot infer from a handler that reads its
@@ -109,7 +110,7 @@ def _operation(
             if body is not None:
                 content = {media: OpenAPIMediaType(schema=schema) for media, schema in body.items()}
                 self.request_body = RequestBody(
-                    content=content, description=body_description, required=True
+                    content=content, description=body_description, required=body_required
                 )
             if ok is not None and self.responses is not None:
                 response = self.responses["200"]
@@ -619,7 +620,9 @@ class SuppressionsController(Controller):
             body={"text/csv": _TEXT, "application/x-ndjson": _TEXT},
             body_description="The file, read whatever the Content-Type; with format=auto "
             "its layout is recognized from the first line (400 "
-            "urn:problem:unrecognized-import-format when it is none of them)",
+            "urn:problem:unrecognized-import-format when it is none of them). An empty "
+            "body imports nothing.",
+            body_required=False,
         ),
     )
     async def import_entries(
