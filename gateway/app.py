@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from litestar import Litestar
@@ -176,12 +176,12 @@ def _is_litestar_error_schema(response: OpenAPIResponse) -> bool:
 
 def openapi_document(app: Litestar) -> OpenAPI:
     """The app's OpenAPI document, completed with what only the composition root knows:
-    every error is a problem document (`components.schemas.Problem`), and a route guarded
-    by an API-key scope (`opt={"scope": ...}`, gateway.auth) requires the bearer key and
-    answers 401/403. Litestar cannot express either per layer; it also marks every request
-    body required, optional ones too, and does not say that it takes a number for a
-    date-time. Idempotent; runs at startup,
-    before /schema can be served, and for `gateway openapi`."""
+    every error is a problem document (`components.schemas.Problem`); a route guarded by an
+    API-key scope (`opt={"scope": ...}`, gateway.auth) requires the bearer key and answers
+    401/403; a body over the size limit is 413. Litestar cannot express these per layer. It
+    also marks every request body required (optional ones too) and does not say that a
+    date-time may be given as a number. Idempotent; runs at startup, before /schema can be
+    served, and for `gateway openapi`."""
     openapi = app.openapi_schema
     schemas = openapi.components.schemas if openapi.components.schemas is not None else {}
     if "Problem" in schemas:
@@ -203,6 +203,11 @@ def openapi_document(app: Litestar) -> OpenAPI:
             if data is not None and data.has_default and operation.request_body is not None:
                 assert isinstance(operation.request_body, RequestBody)
                 operation.request_body.required = False
+            limit = handler.resolve_request_max_body_size()
+            if operation.request_body is not None and limit:
+                responses.setdefault(
+                    "413", OpenAPIResponse(description=f"The body is over {limit} bytes")
+                )
             if scope := handler.opt.get("scope"):
                 operation.security = [{"apiKey": [scope]}]
                 responses.setdefault(
@@ -239,21 +244,27 @@ _UNIX_TIME = Schema(
 
 
 def _also_unix_times(node: object) -> None:
-    """Document every date-time as what it accepts: RFC 3339 text or a Unix time."""
-    if isinstance(node, Schema) and node.format == OpenAPIFormat.DATE_TIME:
-        node.any_of = [Schema(type=node.type, format=node.format), _UNIX_TIME]
-        node.type = node.format = None
-        return
-    if isinstance(node, dict):
-        children: Iterable[object] = node.values()
-    elif isinstance(node, list):
-        children = node
-    elif dataclasses.is_dataclass(node):
-        children = (getattr(node, f.name) for f in dataclasses.fields(node))
-    else:
-        return
-    for child in children:
+    """Document every date-time under `node` as what it accepts: RFC 3339 text or a Unix
+    time. (Litestar shares the schema object of a type between documents: replace, never
+    change it.)"""
+
+    def lenient(child: object) -> object:
+        if isinstance(child, Schema) and child.format == OpenAPIFormat.DATE_TIME:
+            text = Schema(type=child.type, format=child.format)
+            return dataclasses.replace(child, type=None, format=None, any_of=[text, _UNIX_TIME])
         _also_unix_times(child)
+        return child
+
+    if isinstance(node, dict):
+        for key, value in node.items():
+            node[key] = lenient(value)
+    elif isinstance(node, list):
+        node[:] = [lenient(value) for value in node]
+    elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+        for f in dataclasses.fields(node):
+            value = getattr(node, f.name)
+            if isinstance(value, (dict, list, Schema)) or dataclasses.is_dataclass(value):
+                setattr(node, f.name, lenient(value))
 
 
 async def complete_allow_header(message: Message, scope: Scope) -> None:

@@ -25,7 +25,9 @@ async def healthz() -> dict[str, str]:
     summary="Dependencies are reachable",
     responses={
         503: ResponseSpec(
-            dict[str, Any], description="A critical dependency is not (same document)"
+            dict[str, Any],
+            description="A critical dependency is not (same document)",
+            generate_examples=False,
         )
     },
 )
