@@ -257,8 +257,8 @@ class DeadLetterController(Controller):
             Parameter(
                 min_length=1,
                 max_length=1000,
-                # Some text: not only white space.
-                pattern=r"[^\s\x1c-\x1f\x85]",
+                # Some text, not only white space (the handler checks it: documentation only).
+                schema_extra={"pattern": r"[^\s\x1c-\x1f\x85]"},
             ),
         ],
     ) -> DeadLetterDetail:

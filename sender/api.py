@@ -91,8 +91,7 @@ class MessagesController(Controller):
                 name="Idempotency-Key",
                 required=True,
                 description="sf-string (quoted) or bare token, 1-255 printable ASCII characters",
-                pattern=IDEMPOTENCY_KEY_PATTERN,
-                schema_extra={"one_of": None, "type": "string"},
+                schema_extra={"one_of": None, "type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN},
             ),
         ] = None,
     ) -> Response[MessageCreated]:

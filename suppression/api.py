@@ -76,7 +76,9 @@ UNSUBSCRIBE_RETRY_AFTER_SECONDS = 60
 log = logging.getLogger("gateway.suppression")
 
 # --- what the OpenAPI document states (the handlers check the same rules) ----------------------
-# Error responses are problem documents (the composition root says so for every route).
+# Error responses are problem documents (the composition root says so for every route). On
+# handler parameters, constraints go in `schema_extra` only: Litestar would enforce a
+# `pattern=` itself, with a generic validation problem instead of the handler's own.
 
 
 def _one_of(values: tuple[str, ...]) -> ParameterKwarg:
@@ -354,8 +356,7 @@ class SuppressionsController(Controller):
             str | None,
             QueryParameter(
                 name="scope",
-                pattern=service.SCOPE_PATTERN,
-                schema_extra={"one_of": None, "type": "string"},
+                schema_extra={"one_of": None, "type": "string", "pattern": service.SCOPE_PATTERN},
             ),
         ] = None,
         since: dt.datetime | None = None,
@@ -498,8 +499,7 @@ class SuppressionsController(Controller):
                 description="Why the entry is removed.",
                 required=True,
                 # Some text: not empty, not only white space.
-                pattern=r"[^\s\x1c-\x1f\x85]",
-                schema_extra={"one_of": None, "type": "string"},
+                schema_extra={"one_of": None, "type": "string", "pattern": r"[^\s\x1c-\x1f\x85]"},
             ),
         ] = None,
         entry_scope: Annotated[
@@ -507,8 +507,7 @@ class SuppressionsController(Controller):
             QueryParameter(
                 name="scope",
                 description="Only this scope (default: every scope).",
-                pattern=service.SCOPE_PATTERN,
-                schema_extra={"one_of": None, "type": "string"},
+                schema_extra={"one_of": None, "type": "string", "pattern": service.SCOPE_PATTERN},
             ),
         ] = None,
         force: Annotated[
@@ -641,7 +640,7 @@ class SuppressionsController(Controller):
             str,
             Parameter(
                 description="Scope given to imported unsubscribes",
-                pattern=service.SCOPE_PATTERN,
+                schema_extra={"pattern": service.SCOPE_PATTERN},
             ),
         ] = "marketing",
     ) -> ImportResult:
