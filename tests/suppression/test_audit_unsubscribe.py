@@ -26,9 +26,7 @@ ONE_CLICK = {"List-Unsubscribe": "One-Click"}
 _TOKEN_CHARS = st.text(
     # No C0/C1 controls or DEL: httpx refuses them in a URL before any request is made.
     alphabet=st.characters(
-        min_codepoint=33,
-        max_codepoint=0x2FF,
-        exclude_characters="/?#%\x7f",
+        min_codepoint=33, max_codepoint=0x2FF, exclude_characters="/?#%\x7f",
         exclude_categories=("Cc",),
     ),
     min_size=1,
