@@ -4,16 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from litestar import Litestar
-from litestar.datastructures import State
+from litestar.datastructures import MutableScopeHeaders, State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.spec import Components, SecurityScheme
+from litestar.openapi.spec import (
+    Components,
+    OpenAPI,
+    OpenAPIFormat,
+    OpenAPIHeader,
+    OpenAPIMediaType,
+    OpenAPIResponse,
+    OpenAPIType,
+    Reference,
+    RequestBody,
+    Schema,
+    SecurityScheme,
+)
+from litestar.routes import HTTPRoute
+from litestar.types import Message, Scope
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.auth import api_key_guard
@@ -21,7 +36,7 @@ from gateway.health import healthz, readyz
 from gateway.inputs import check_request
 from gateway.keys_api import KeysController
 from gateway.metrics import metrics
-from gateway.problems import EXCEPTION_HANDLERS
+from gateway.problems import EXCEPTION_HANDLERS, PROBLEM_JSON
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.subjects import ROUTES as SUBJECT_ROUTES
@@ -85,6 +100,7 @@ def create_app(
         # process: keep it out of the cyclic collector's full passes, whose cost grows with
         # every object they must walk and which otherwise pause the event loop for tens of
         # milliseconds under load.
+        openapi_document(app)
         gc.freeze()
         try:
             yield
@@ -107,6 +123,7 @@ def create_app(
             "delivery_queue": Provide(provide_delivery_queue, sync_to_thread=False),
         },
         exception_handlers=EXCEPTION_HANDLERS,
+        before_send=[complete_allow_header],
         request_max_body_size=settings.max_body_bytes,
         state=State({"services": services}),
         lifespan=[lifespan],
@@ -115,8 +132,15 @@ def create_app(
             version=VERSION,
             components=Components(
                 security_schemes={
-                    "apiKey": SecurityScheme(type="http", scheme="bearer", description="API key")
-                }
+                    "apiKey": SecurityScheme(
+                        type="http",
+                        scheme="bearer",
+                        description=(
+                            "API key. An operation lists the scope it needs; `admin` implies "
+                            "every scope."
+                        ),
+                    )
+                },
             ),
         ),
         debug=False,
@@ -126,10 +150,149 @@ def create_app(
     )
 
 
+# --- the published contract ----------------------------------------------------------------------
+
+PROBLEM_SCHEMA = Schema(
+    type=OpenAPIType.OBJECT,
+    description=(
+        "An RFC 9457 problem document (application/problem+json), the body of every error "
+        "response. `type` names the problem (`urn:problem:...`, or `about:blank` for a bare "
+        "HTTP status); some types add members, e.g. `errors` for request validation."
+    ),
+    required=["type", "title", "status"],
+    properties={
+        "type": Schema(type=OpenAPIType.STRING),
+        "title": Schema(type=OpenAPIType.STRING),
+        "status": Schema(type=OpenAPIType.INTEGER, minimum=400, maximum=599),
+        "detail": Schema(type=OpenAPIType.STRING),
+        "errors": Schema(type=OpenAPIType.ARRAY, items=Schema(type=OpenAPIType.OBJECT)),
+    },
+)
+_PROBLEM = Reference(ref="#/components/schemas/Problem")
+
+
+def _is_litestar_error_schema(response: OpenAPIResponse) -> bool:
+    """Litestar documents errors as `application/json {status_code, detail, extra}`; this app
+    renders every error as a problem document instead (gateway.problems)."""
+    media = (response.content or {}).get("application/json")
+    schema = media.schema if media else None
+    return isinstance(schema, Schema) and "status_code" in (schema.properties or {})
+
+
+def openapi_document(app: Litestar) -> OpenAPI:
+    """The app's OpenAPI document, completed with what only the composition root knows:
+    every error is a problem document (`components.schemas.Problem`); a route guarded by an
+    API-key scope (`opt={"scope": ...}`, gateway.auth) requires the bearer key and answers
+    401/403; a body over the size limit is 413. Litestar cannot express these per layer. It
+    also marks every request body required (optional ones too) and does not say that a
+    date-time may be given as a number. Idempotent; runs at startup, before /schema can be
+    served, and for `gateway openapi`."""
+    openapi = app.openapi_schema
+    schemas = openapi.components.schemas if openapi.components.schemas is not None else {}
+    if "Problem" in schemas:
+        return openapi
+    schemas["Problem"] = PROBLEM_SCHEMA
+    openapi.components.schemas = dict(sorted(schemas.items()))
+    _also_unix_times(openapi)
+    for route in app.routes:
+        if not isinstance(route, HTTPRoute) or route.path_format not in (openapi.paths or {}):
+            continue
+        item = (openapi.paths or {})[route.path_format]
+        for method, (handler, _) in route.route_handler_map.items():
+            operation = getattr(item, method.lower(), None)
+            if operation is None or operation.responses is None:
+                continue
+            responses = operation.responses
+            # Litestar marks every request body required; `data: X | None = None` is not.
+            data = handler.parsed_fn_signature.parameters.get("data")
+            if data is not None and data.has_default and operation.request_body is not None:
+                assert isinstance(operation.request_body, RequestBody)
+                operation.request_body.required = False
+            limit = handler.resolve_request_max_body_size()
+            if operation.request_body is not None and limit:
+                responses.setdefault(
+                    "413", OpenAPIResponse(description=f"The body is over {limit} bytes")
+                )
+            if scope := handler.opt.get("scope"):
+                operation.security = [{"apiKey": [scope]}]
+                responses.setdefault(
+                    "401",
+                    OpenAPIResponse(
+                        description="No API key, or an unknown or revoked one",
+                        headers={
+                            "WWW-Authenticate": OpenAPIHeader(
+                                schema=Schema(type=OpenAPIType.STRING)
+                            )
+                        },
+                    ),
+                )
+                responses.setdefault(
+                    "403", OpenAPIResponse(description=f"The API key lacks the '{scope}' scope")
+                )
+            for status, response in responses.items():
+                if not isinstance(response, OpenAPIResponse) or int(status) < 400:
+                    continue
+                if response.content is None or _is_litestar_error_schema(response):
+                    response.content = {PROBLEM_JSON: OpenAPIMediaType(schema=_PROBLEM)}
+            operation.responses = dict(sorted(responses.items()))
+    return openapi
+
+
+# Litestar decodes a date-time leniently: a number (JSON body) or numeric text (query) is
+# taken as Unix time in seconds, within the years 1-9999.
+_UNIX_TIME = Schema(
+    type=OpenAPIType.NUMBER,
+    minimum=-62135596800,
+    maximum=253402300799,
+    description="Unix time in seconds",
+)
+
+
+def _also_unix_times(node: object) -> None:
+    """Document every date-time under `node` as what it accepts: RFC 3339 text or a Unix
+    time. (Litestar shares the schema object of a type between documents: replace, never
+    change it.)"""
+
+    def lenient(child: object) -> object:
+        if isinstance(child, Schema) and child.format == OpenAPIFormat.DATE_TIME:
+            text = Schema(type=child.type, format=child.format)
+            return dataclasses.replace(child, type=None, format=None, any_of=[text, _UNIX_TIME])
+        _also_unix_times(child)
+        return child
+
+    if isinstance(node, dict):
+        for key, value in node.items():
+            node[key] = lenient(value)
+    elif isinstance(node, list):
+        node[:] = [lenient(value) for value in node]
+    elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+        for f in dataclasses.fields(node):
+            value = getattr(node, f.name)
+            if isinstance(value, (dict, list, Schema)) or dataclasses.is_dataclass(value):
+                setattr(node, f.name, lenient(value))
+
+
+async def complete_allow_header(message: Message, scope: Scope) -> None:
+    """Answer OPTIONS with every method of the path. Litestar 2 builds the default OPTIONS
+    handler of a path when the path's first handler is registered, so a path served by
+    several handlers (GET and DELETE of one resource) listed only the first one's method
+    (litestar#4169, fixed in Litestar 3 only)."""
+    if message["type"] != "http.response.start" or scope.get("method") != "OPTIONS":
+        return
+    headers = MutableScopeHeaders.from_message(message)
+    handler = scope.get("route_handler")
+    if handler is None or "allow" not in headers:
+        return
+    methods: set[str] = set()
+    for path in handler.paths:
+        methods.update(scope["app"].route_handler_method_map.get(path, {}))
+    if methods:
+        headers["Allow"] = ", ".join(sorted(methods))
+
+
 def openapi_yaml(app: Litestar | None = None) -> str:
     """The OpenAPI document of the app, as YAML (what `openapi.yaml` must contain)."""
     import yaml
 
-    app = app or create_app()
-    schema = app.openapi_schema.to_schema()
+    schema = openapi_document(app or create_app()).to_schema()
     return yaml.safe_dump(schema, sort_keys=False, allow_unicode=True)

@@ -7,6 +7,7 @@ from typing import Any
 
 from litestar import Response, get
 from litestar.datastructures import State
+from litestar.openapi.datastructures import ResponseSpec
 from sqlalchemy import text
 
 from gateway.services import ReadinessCheck, Services
@@ -19,7 +20,18 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@get("/readyz", tags=["health"], summary="Dependencies are reachable")
+@get(
+    "/readyz",
+    tags=["health"],
+    summary="Dependencies are reachable",
+    responses={
+        503: ResponseSpec(
+            dict[str, Any],
+            description="A critical dependency is not (same document)",
+            generate_examples=False,
+        )
+    },
+)
 async def readyz(state: State) -> Response[dict[str, Any]]:
     """Readiness: the database answers, Redis too when configured, plus package checks."""
     services: Services = state.services

@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable
 
-from litestar import Response, get
+from litestar import MediaType, Response, get
 
 from sender.dispatch import SEND_FLAGS
 from webhooks.errors import VERIFICATION_FAILURES
@@ -70,7 +70,12 @@ def _items(counter: collections.Counter[tuple[str, str]]) -> Iterable[tuple[tupl
     return list(counter.items())  # a copy: handlers may count while we render
 
 
-@get("/metrics", tags=["health"], summary="Process counters (Prometheus text format)")
+@get(
+    "/metrics",
+    tags=["health"],
+    media_type=MediaType.TEXT,
+    summary="Process counters (Prometheus text format)",
+)
 async def metrics() -> Response[str]:
     """The process's counters; no authentication, no personal data."""
     return Response(render(), media_type=_MEDIA_TYPE)

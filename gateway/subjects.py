@@ -27,10 +27,12 @@ import typing
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from litestar import Controller, Request, delete, get
 from litestar.exceptions import HTTPException
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import Parameter
 from sqlalchemy import (
     JSON,
     ColumnElement,
@@ -497,6 +499,13 @@ def _subject(services: Services, channel: str, address: str) -> Subject:
         ) from None
 
 
+# OpenAPI: what `_subject` accepts.
+_CHANNEL = Parameter(schema_extra={"enum": list(CHANNELS)})
+_INVALID_ADDRESS = ResponseSpec(
+    None, description="Not a valid address for the channel (urn:problem:invalid-address)"
+)
+
+
 @dataclass
 class ErasureResult:
     """Response of an erasure."""
@@ -517,9 +526,14 @@ class SubjectsController(Controller):
         "/{channel:str}/{address:str}",
         opt={"scope": "export"},
         summary="Everything held about one address",
+        responses={422: _INVALID_ADDRESS},
     )
     async def get_subject(
-        self, channel: str, address: str, services: Services, db_session: AsyncSession
+        self,
+        channel: Annotated[str, _CHANNEL],
+        address: str,
+        services: Services,
+        db_session: AsyncSession,
     ) -> SubjectData:
         """Deliveries, attempts, events, messages, suppressions and history, decrypted."""
         subject = _subject(services, channel, address)
@@ -530,10 +544,11 @@ class SubjectsController(Controller):
         opt={"scope": "admin"},
         status_code=200,
         summary="Erase one address (ciphertexts destroyed, hashes kept)",
+        responses={422: _INVALID_ADDRESS},
     )
     async def erase_subject(
         self,
-        channel: str,
+        channel: Annotated[str, _CHANNEL],
         address: str,
         request: Request[Any, Any, Any],
         services: Services,

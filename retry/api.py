@@ -28,6 +28,13 @@ from retry.queue import DeliveryQueue
 
 EntryState = Literal["open", "redriven", "discarded", "all"]
 
+# OpenAPI: a query filter is text when given (Litestar would also allow JSON null).
+_TEXT = {"one_of": None, "type": "string"}
+_NOT_FOUND = ResponseSpec(None, description="No dead-letter entry has this id")
+_CONFLICT = ResponseSpec(
+    None, description="The entry is resolved already, or its delivery is no longer dead"
+)
+
 
 @dataclass
 class DeadLetterView:
@@ -151,13 +158,34 @@ class DeadLetterController(Controller):
         self,
         db_session: AsyncSession,
         delivery_queue: DeliveryQueue,
-        reason: Annotated[str | None, Parameter(max_length=MAX_FILTER)] = None,
-        channel: Annotated[str | None, Parameter(max_length=MAX_FILTER)] = None,
+        reason: Annotated[
+            str | None,
+            Parameter(
+                description=f"One of {', '.join(dlq.REASONS)} (others match nothing)",
+                max_length=MAX_FILTER,
+                schema_extra=_TEXT,
+            ),
+        ] = None,
+        channel: Annotated[
+            str | None,
+            Parameter(
+                description="email or sms (others match nothing)",
+                max_length=MAX_FILTER,
+                schema_extra=_TEXT,
+            ),
+        ] = None,
         since: dt.datetime | None = None,
         until: dt.datetime | None = None,
         entry_state: Annotated[EntryState, QueryParameter(name="state")] = "open",
         limit: Annotated[int, Parameter(ge=1, le=500)] = 50,
-        cursor: Annotated[str | None, Parameter(max_length=MAX_CURSOR)] = None,
+        cursor: Annotated[
+            str | None,
+            Parameter(
+                description="`next_cursor` of the previous page (opaque)",
+                max_length=MAX_CURSOR,
+                schema_extra=_TEXT,
+            ),
+        ] = None,
     ) -> DeadLetterPage:
         """Entries newest first. `state` defaults to `open` (unresolved)."""
         f = dlq.DeadLetterFilter(reason, channel, _aware(since), _aware(until), entry_state)
@@ -169,7 +197,11 @@ class DeadLetterController(Controller):
             raise ClientException("The cursor is not valid.") from None
         return DeadLetterPage([entry_view(e) for e in entries], next_cursor)
 
-    @get("/{entry_id:uuid}", summary="Show a dead-letter entry with its attempt history")
+    @get(
+        "/{entry_id:uuid}",
+        summary="Show a dead-letter entry with its attempt history",
+        responses={404: _NOT_FOUND},
+    )
     async def show(
         self, entry_id: uuid.UUID, db_session: AsyncSession, delivery_queue: DeliveryQueue
     ) -> DeadLetterDetail:
@@ -184,6 +216,7 @@ class DeadLetterController(Controller):
         status_code=200,
         summary="Redrive one entry",
         responses={
+            404: _NOT_FOUND,
             409: ResponseSpec(
                 None,
                 description="Resolved already, no longer dead, or its message has expired "
@@ -256,14 +289,27 @@ class DeadLetterController(Controller):
                 return BulkRedriveResult(total, len(expired))
             total += n
 
-    @delete("/{entry_id:uuid}", status_code=200, summary="Discard an entry (kept as history)")
+    @delete(
+        "/{entry_id:uuid}",
+        status_code=200,
+        summary="Discard an entry (kept as history)",
+        responses={404: _NOT_FOUND, 409: _CONFLICT},
+    )
     async def discard(
         self,
         entry_id: uuid.UUID,
         request: Request[Any, Any, Any],
         db_session: AsyncSession,
         delivery_queue: DeliveryQueue,
-        reason: Annotated[str, Parameter(min_length=1, max_length=1000)],
+        reason: Annotated[
+            str,
+            Parameter(
+                min_length=1,
+                max_length=1000,
+                # Some text, not only white space (the handler checks it: documentation only).
+                schema_extra={"pattern": r"[^\s\x1c-\x1f\x85]"},
+            ),
+        ],
     ) -> DeadLetterDetail:
         """Resolve the entry as discarded with a required `reason`; the delivery stays dead."""
         if not reason.strip():

@@ -12,9 +12,9 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.exceptions import HTTPException, NotFoundException
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import HeaderParameter
+from litestar.params import Body, HeaderParameter
 
-from sender.keys import InvalidIdempotencyKey, parse_idempotency_key
+from sender.keys import IDEMPOTENCY_KEY_PATTERN, InvalidIdempotencyKey, parse_idempotency_key
 from sender.schemas import MULTILINE_FIELDS, MessageCreated, MessageView, SendMessage
 from sender.service import SendProblem, SendService
 
@@ -68,6 +68,11 @@ class MessagesController(Controller):
         ),
         responses={
             202: ResponseSpec(MessageCreated, description="Accepted; some deliveries deferred"),
+            400: ResponseSpec(
+                None,
+                description="Malformed body, or a missing or malformed Idempotency-Key "
+                "(urn:problem:idempotency-key)",
+            ),
             409: ResponseSpec(None, description="The first request with this key is in flight"),
             422: ResponseSpec(
                 None, description="Invalid recipient or content, or key reused with another body"
@@ -77,14 +82,17 @@ class MessagesController(Controller):
     async def create(
         self,
         request: Request[Any, Any, Any],
-        data: SendMessage,
+        # SendMessage refuses unknown members (forbid_unknown_fields); Litestar does not say so.
+        data: Annotated[SendMessage, Body(schema_extra={"additional_properties": False})],
         send_service: SendService,
         idempotency_key: Annotated[
             str | None,
+            # Checked by the handler (400 urn:problem:idempotency-key when missing or bad).
             HeaderParameter(
                 name="Idempotency-Key",
-                required=False,
+                required=True,
                 description="sf-string (quoted) or bare token, 1-255 printable ASCII characters",
+                schema_extra={"one_of": None, "type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN},
             ),
         ] = None,
     ) -> Response[MessageCreated]:
@@ -114,6 +122,7 @@ class MessagesController(Controller):
         "/{message_id:uuid}",
         opt={"scope": "read"},
         summary="A message with its deliveries, attempts, provider events and suppressions",
+        responses={404: ResponseSpec(None, description="No such message (for this API key)")},
     )
     async def show(
         self, request: Request[Any, Any, Any], message_id: uuid.UUID, send_service: SendService

@@ -15,6 +15,12 @@ MAX_KEY_LENGTH = 255
 # Bare (unquoted) keys: RFC 8941 token characters. Strictly an sf-token must start with a
 # letter or "*", but bare UUIDs (which start with a digit) are what clients send in practice.
 _BARE = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~:/-]+")
+# What the OpenAPI document states: a bare token, or an sf-string (printable ASCII, `"` and
+# `\` escaped) of 1-255 characters.
+IDEMPOTENCY_KEY_PATTERN = (
+    r"^(?:[A-Za-z0-9!#$%&'*+.^_`|~:/-]{1,255}"
+    r'|"(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\]){1,255}")$'
+)
 
 
 class InvalidIdempotencyKey(ValueError):

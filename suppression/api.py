@@ -24,7 +24,16 @@ from litestar import Controller, MediaType, Request, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.exceptions import HTTPException, NotFoundException
-from litestar.params import Parameter, QueryParameter
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import (
+    OpenAPIMediaType,
+    OpenAPIType,
+    Operation,
+    Reference,
+    RequestBody,
+    Schema,
+)
+from litestar.params import Parameter, ParameterKwarg, QueryParameter
 from litestar.response import Stream
 from litestar.types import ExceptionHandlersMap
 from sqlalchemy.exc import SQLAlchemyError
@@ -68,6 +77,61 @@ MAX_CHECK_ADDRESSES = 10_000
 UNSUBSCRIBE_RETRY_AFTER_SECONDS = 60
 
 log = logging.getLogger("gateway.suppression")
+
+# --- what the OpenAPI document states (the handlers check the same rules) ----------------------
+# Error responses are problem documents (the composition root says so for every route). On
+# handler parameters, constraints go in `schema_extra` only: Litestar would enforce a
+# `pattern=` itself, with a generic validation problem instead of the handler's own.
+
+
+def _one_of(values: tuple[str, ...]) -> ParameterKwarg:
+    """A text parameter or field that takes one of `values`."""
+    extra = {"one_of": None, "type": "string", "enum": list(values)}
+    parameter: ParameterKwarg = Parameter(schema_extra=extra)
+    return parameter
+
+
+_CHANNEL = _one_of(CHANNELS)
+_SCOPE = Parameter(schema_extra={"one_of": None, "type": "string"}, pattern=service.SCOPE_PATTERN)
+_INVALID_ADDRESS = ResponseSpec(
+    None, description="Not a valid address for the channel (urn:problem:invalid-address)"
+)
+_TEXT = Schema(type=OpenAPIType.STRING)
+
+
+def _operation(
+    *,
+    body: dict[str, Schema] | None = None,
+    body_description: str | None = None,
+    body_required: bool = True,
+    ok: dict[str, Schema] | None = None,
+) -> type[Operation]:
+    """An OpenAPI operation with what Litestar cannot infer from a handler that reads its
+    body raw (`body`: media type -> schema) or answers in several media types (`ok`)."""
+
+    @dataclass
+    class _Documented(Operation):
+        def __post_init__(self) -> None:
+            if body is not None:
+                content = {media: OpenAPIMediaType(schema=schema) for media, schema in body.items()}
+                self.request_body = RequestBody(
+                    content=content, description=body_description, required=body_required
+                )
+            if ok is not None and self.responses is not None:
+                response = self.responses["200"]
+                assert not isinstance(response, Reference)
+                response.content = {
+                    media: OpenAPIMediaType(schema=schema) for media, schema in ok.items()
+                }
+
+    return _Documented
+
+
+_ONE_CLICK_FORM = Schema(
+    type=OpenAPIType.OBJECT,
+    properties={ONE_CLICK_FIELD: Schema(type=OpenAPIType.STRING, enum=[ONE_CLICK_VALUE])},
+    required=[ONE_CLICK_FIELD],
+)
 
 
 @dataclass(frozen=True)
@@ -134,10 +198,10 @@ _Scope = Annotated[str, msgspec.Meta(max_length=MAX_SCOPE)]
 class SuppressionCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Body of `POST /v1/suppressions` (manual add); unknown fields are refused."""
 
-    channel: _Word
+    channel: Annotated[_Word, _CHANNEL]
     address: _Address
-    reason: _Word
-    scope: _Scope = service.SCOPE_ALL
+    reason: Annotated[_Word, _one_of(service.REASONS)]
+    scope: Annotated[_Scope, _SCOPE] = service.SCOPE_ALL
     expires_at: dt.datetime | None = None
 
 
@@ -163,10 +227,10 @@ class CheckRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     unsubscribes; a marketing message without a topic is checked against `marketing`.
     """
 
-    channel: _Word
-    addresses: list[_Address]
-    category: _Word = "marketing"
-    topic: _Scope | None = None
+    channel: Annotated[_Word, _CHANNEL]
+    addresses: Annotated[list[_Address], Parameter(max_items=MAX_CHECK_ADDRESSES)]
+    category: Annotated[_Word, _one_of(("transactional", "marketing"))] = "marketing"
+    topic: Annotated[_Scope | None, Parameter(pattern=service.SCOPE_PATTERN)] = None
 
 
 @dataclass
@@ -301,14 +365,28 @@ class SuppressionsController(Controller):
         self,
         db_session: AsyncSession,
         suppression: SuppressionContext,
-        channel: Annotated[str | None, Parameter(max_length=MAX_WORD)] = None,
-        reason: Annotated[str | None, Parameter(max_length=MAX_WORD)] = None,
+        channel: Annotated[str | None, _CHANNEL, Parameter(max_length=MAX_WORD)] = None,
+        reason: Annotated[
+            str | None, _one_of(service.REASONS), Parameter(max_length=MAX_WORD)
+        ] = None,
         # `scope` is a reserved handler argument in Litestar (the ASGI scope), hence the alias.
         entry_scope: Annotated[
-            str | None, QueryParameter(name="scope", max_length=MAX_SCOPE)
+            str | None,
+            QueryParameter(
+                name="scope",
+                max_length=MAX_SCOPE,
+                schema_extra={"one_of": None, "type": "string", "pattern": service.SCOPE_PATTERN},
+            ),
         ] = None,
         since: dt.datetime | None = None,
-        cursor: Annotated[str | None, Parameter(max_length=MAX_CURSOR)] = None,
+        cursor: Annotated[
+            str | None,
+            Parameter(
+                description="`next_cursor` of the previous page (opaque)",
+                max_length=MAX_CURSOR,
+                schema_extra={"one_of": None, "type": "string"},
+            ),
+        ] = None,
         limit: Annotated[int, Parameter(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
     ) -> SuppressionPage:
         """Entries oldest first, filtered by channel, reason, scope and creation time."""
@@ -333,9 +411,18 @@ class SuppressionsController(Controller):
             next_cursor=encode_cursor(*last) if last else None,
         )
 
-    @get("/{channel:str}/{address:str}", opt={"scope": "read"}, summary="Entries of one address")
+    @get(
+        "/{channel:str}/{address:str}",
+        opt={"scope": "read"},
+        summary="Entries of one address",
+        responses={422: _INVALID_ADDRESS},
+    )
     async def get_address(
-        self, channel: str, address: str, db_session: AsyncSession, suppression: SuppressionContext
+        self,
+        channel: Annotated[str, _CHANNEL],
+        address: str,
+        db_session: AsyncSession,
+        suppression: SuppressionContext,
     ) -> AddressSuppressions:
         """The entries of one address (any scope, expired ones too) and its whole history."""
         normalized = _address(suppression, channel, address)
@@ -352,7 +439,21 @@ class SuppressionsController(Controller):
             history=[history_view(h) for h in history],
         )
 
-    @post("/", opt={"scope": "admin"}, summary="Add a suppression manually")
+    @post(
+        "/",
+        opt={"scope": "admin"},
+        summary="Add a suppression manually",
+        responses={
+            200: ResponseSpec(
+                SuppressionCreated, description="An active entry existed already (created: false)"
+            ),
+            422: ResponseSpec(
+                None,
+                description="Invalid address (urn:problem:invalid-address), or a reason, scope "
+                "or expiry that do not fit together (urn:problem:invalid-suppression)",
+            ),
+        },
+    )
     async def create(
         self,
         data: SuppressionCreate,
@@ -393,18 +494,33 @@ class SuppressionsController(Controller):
         opt={"scope": "admin"},
         status_code=200,
         summary="Remove suppressions of one address (reason required)",
+        responses={
+            404: ResponseSpec(None, description="No entry matches this address and scope"),
+            409: ResponseSpec(
+                None,
+                description="A complaint or sms_stop entry, and no force=true "
+                "(urn:problem:protected-suppression)",
+            ),
+            422: _INVALID_ADDRESS,
+        },
     )
     async def remove(
         self,
-        channel: str,
+        channel: Annotated[str, _CHANNEL],
         address: str,
         request: Request[Any, Any, Any],
         db_session: AsyncSession,
         suppression: SuppressionContext,
+        # Checked by the handler, so that its absence is the documented
+        # urn:problem:removal-reason-required rather than a generic validation error.
         reason: Annotated[
             str | None,
             Parameter(
-                description="Why the entry is removed (required).", max_length=MAX_REMOVAL_REASON
+                description="Why the entry is removed.",
+                required=True,
+                max_length=MAX_REMOVAL_REASON,
+                # Some text: not empty, not only white space.
+                schema_extra={"one_of": None, "type": "string", "pattern": r"[^\s\x1c-\x1f\x85]"},
             ),
         ] = None,
         entry_scope: Annotated[
@@ -413,6 +529,7 @@ class SuppressionsController(Controller):
                 name="scope",
                 description="Only this scope (default: every scope).",
                 max_length=MAX_SCOPE,
+                schema_extra={"one_of": None, "type": "string", "pattern": service.SCOPE_PATTERN},
             ),
         ] = None,
         force: Annotated[
@@ -460,6 +577,13 @@ class SuppressionsController(Controller):
         status_code=200,
         request_max_body_size=8 * 1024 * 1024,
         summary="Which of these addresses are suppressed (campaign pre-filter)",
+        responses={
+            422: ResponseSpec(
+                None,
+                description="Invalid category or topic "
+                "(urn:problem:invalid-category, urn:problem:invalid-parameter)",
+            )
+        },
     )
     async def check(self, data: CheckRequest, suppression: SuppressionContext) -> CheckResult:
         """Up to 10,000 addresses in, the suppressed (and invalid) ones out, in one query.
@@ -513,20 +637,33 @@ class SuppressionsController(Controller):
         # Streamed and processed in batches, so there is no reason to cap the size.
         request_max_body_size=None,
         summary="Import a CSV or JSON Lines file (ours, SES, SendGrid), streamed",
+        operation_class=_operation(
+            body={"text/csv": _TEXT, "application/x-ndjson": _TEXT},
+            body_description="The file, read whatever the Content-Type; with format=auto "
+            "its layout is recognized from the first line (400 "
+            "urn:problem:unrecognized-import-format when it is none of them). An empty "
+            "body imports nothing.",
+            body_required=False,
+        ),
     )
     async def import_entries(
         self,
         request: Request[Any, Any, Any],
         suppression: SuppressionContext,
         format: Annotated[
-            str, Parameter(description="auto (sniff), gateway, ses or sendgrid")
+            str,
+            Parameter(
+                description="auto (sniff), gateway, ses or sendgrid",
+                schema_extra={"enum": list(IMPORT_FORMATS)},
+            ),
         ] = "auto",
-        sendgrid_list: Annotated[
-            str | None,
-            Parameter(description="bounces, blocks, spam_reports, invalid_emails, unsubscribes"),
-        ] = None,
+        sendgrid_list: Annotated[str | None, _one_of(SENDGRID_LISTS)] = None,
         unsubscribe_scope: Annotated[
-            str, Parameter(description="Scope given to imported unsubscribes")
+            str,
+            Parameter(
+                description="Scope given to imported unsubscribes",
+                schema_extra={"pattern": service.SCOPE_PATTERN},
+            ),
         ] = "marketing",
     ) -> ImportResult:
         """Add every valid row; invalid rows are reported, never fatal."""
@@ -569,11 +706,14 @@ class SuppressionsController(Controller):
         opt={"scope": "export"},
         summary="Export every entry with its history, streamed (csv or jsonl)",
         response_description="CSV or JSON Lines, one entry per line",
+        operation_class=_operation(ok={"text/csv": _TEXT, "application/x-ndjson": _TEXT}),
     )
     async def export(
         self,
         suppression: SuppressionContext,
-        format: Annotated[str, Parameter(description="csv or jsonl")] = "csv",
+        format: Annotated[
+            str, Parameter(description="csv or jsonl", schema_extra={"enum": list(EXPORT_FORMATS)})
+        ] = "csv",
         since: Annotated[
             dt.datetime | None, Parameter(description="Only entries created at or after")
         ] = None,
@@ -662,6 +802,7 @@ async def _one_click_value(request: Request[Any, Any, Any]) -> str | None:
     media_type=MediaType.HTML,
     exception_handlers=PAGE_EXCEPTION_HANDLERS,
     summary="Confirmation page (a GET never unsubscribes)",
+    responses={400: ResponseSpec(None, description="urn:problem:invalid-unsubscribe-token")},
 )
 async def unsubscribe_page(
     token: str, request: Request[Any, Any, Any], suppression: SuppressionContext
@@ -680,6 +821,24 @@ async def unsubscribe_page(
     request_max_body_size=16 * 1024,
     exception_handlers=PAGE_EXCEPTION_HANDLERS,
     summary="RFC 8058 one-click unsubscribe (body List-Unsubscribe=One-Click)",
+    responses={
+        400: ResponseSpec(
+            None,
+            description="urn:problem:invalid-unsubscribe-token, or "
+            "urn:problem:one-click-body-required",
+        ),
+        503: ResponseSpec(
+            None,
+            description="Nothing could be stored; retry (Retry-After) "
+            "(urn:problem:temporarily-unavailable)",
+        ),
+    },
+    operation_class=_operation(
+        body={
+            "application/x-www-form-urlencoded": _ONE_CLICK_FORM,
+            "multipart/form-data": _ONE_CLICK_FORM,
+        }
+    ),
 )
 async def unsubscribe_one_click(
     token: str,

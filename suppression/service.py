@@ -52,7 +52,10 @@ HISTORY_ACTIONS = ("add", "add_existing", "upgrade", "remove", ERASE_ACTION)
 # Evidence keys that are personal data of the recipient; erasure removes them.
 PERSONAL_EVIDENCE_KEYS = ("user_agent", "client_ip")
 
-_SCOPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+# A scope (`all` or a topic), as the OpenAPI document states it (an ECMA-262 pattern) and as
+# checked here with `fullmatch` (Python's `$` would also accept a trailing newline).
+SCOPE_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+_SCOPE_RE = re.compile(SCOPE_PATTERN[1:-1])
 
 
 _EMAIL_LIKE = re.compile(r"[^\s<>()\[\]\"',;:]+@[^\s<>()\[\]\"',;:]+")
@@ -93,7 +96,7 @@ def validate_entry(channel: str, reason: str, scope: str) -> None:
     """Check a (channel, reason, scope) combination; raises ValueError explaining the problem."""
     if reason not in REASONS:
         raise ValueError(f"unknown reason {reason!r}; choose from {', '.join(REASONS)}")
-    if not _SCOPE_RE.match(scope):
+    if not _SCOPE_RE.fullmatch(scope):
         raise ValueError(
             "scope must be 'all' or a topic of 1-128 letters, digits, '_', '.', ':' or '-'"
         )
