@@ -208,6 +208,7 @@ def openapi_document(app: Litestar) -> OpenAPI:
             if data is not None and data.has_default and operation.request_body is not None:
                 assert isinstance(operation.request_body, RequestBody)
                 operation.request_body.required = False
+            _input_gate_rules(operation, schemas)
             limit = handler.resolve_request_max_body_size()
             if operation.request_body is not None and limit:
                 responses.setdefault(
@@ -236,6 +237,45 @@ def openapi_document(app: Litestar) -> OpenAPI:
                     response.content = {PROBLEM_JSON: OpenAPIMediaType(schema=_PROBLEM)}
             operation.responses = dict(sorted(responses.items()))
     return openapi
+
+
+# What the input gate (gateway.inputs) refuses in a path or query parameter: C0 controls.
+_NO_CONTROLS = "^[^\\x00-\\x1f]*$"
+
+
+def _input_gate_rules(operation: Any, schemas: dict[str, Any]) -> None:
+    """Say what `gateway.inputs` enforces on every route: text path and query parameters
+    hold no C0 control character (400), a JSON body's text neither (422), and a JSON body
+    has no members beyond its schema's (msgspec `forbid_unknown_fields`: 400)."""
+    for parameter in operation.parameters or []:
+        schema = getattr(parameter, "schema", None)
+        if (
+            getattr(parameter, "param_in", None) in ("path", "query")
+            and isinstance(schema, Schema)
+            and schema.type == OpenAPIType.STRING
+            and not schema.pattern
+            and not schema.enum
+            and schema.format is None
+        ):
+            parameter.schema = dataclasses.replace(schema, pattern=_NO_CONTROLS)
+    body = operation.request_body
+    media = (body.content or {}).get("application/json") if isinstance(body, RequestBody) else None
+    if media is None or operation.responses is None:
+        return
+    operation.responses.setdefault(
+        "422",
+        OpenAPIResponse(
+            description="Text holds a control character (urn:problem:invalid-text), or the "
+            "content is not acceptable"
+        ),
+    )
+    body_schema = media.schema
+    choices = body_schema.one_of or [] if isinstance(body_schema, Schema) else [body_schema]
+    for choice in choices:
+        if isinstance(choice, Reference):
+            component = schemas.get(choice.ref.rsplit("/", 1)[-1])
+            if isinstance(component, Schema) and component.type == OpenAPIType.OBJECT:
+                component.additional_properties = False
 
 
 # Litestar decodes a date-time leniently: a number (JSON body) or numeric text (query) is

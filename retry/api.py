@@ -26,6 +26,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from retry import dlq
 from retry.queue import DeliveryQueue
 
+# A free-text parameter that must say something: not only white space, no C0 control
+# character (gateway.inputs refuses those in every query parameter).
+SOME_TEXT = r"^[^\x00-\x1f]*[^\s\x00-\x1f\x85][^\x00-\x1f]*$"
+
 EntryState = Literal["open", "redriven", "discarded", "all"]
 
 # OpenAPI: a query filter is text when given (Litestar would also allow JSON null).
@@ -307,7 +311,7 @@ class DeadLetterController(Controller):
                 min_length=1,
                 max_length=1000,
                 # Some text, not only white space (the handler checks it: documentation only).
-                schema_extra={"pattern": r"[^\s\x1c-\x1f\x85]"},
+                schema_extra={"pattern": SOME_TEXT},
             ),
         ],
     ) -> DeadLetterDetail:
