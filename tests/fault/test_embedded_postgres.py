@@ -120,8 +120,14 @@ def test_a_dead_embedded_server_is_restarted(workdir: Path) -> None:
     proc = _start(workdir, port)
     try:
         _ready(proc, port)
-        assert proc.stdout is not None
-        admin = proc.stdout.readline().strip().rsplit(" ", 1)[-1]
+        # The first start prints the admin key in a box on stderr, before it answers.
+        assert proc.stderr is not None
+        admin = ""
+        while not admin:
+            line = proc.stderr.readline()
+            assert line, "stderr ended without an admin key"
+            if "export KEY=" in line:
+                admin = line.split("export KEY=", 1)[1].split()[0]
         assert admin.startswith("gw_"), admin
         first = _postmaster_pid(workdir)
         assert first is not None
