@@ -27,6 +27,8 @@ from retry.shared import SharedStateOutage, SharedStateUnavailable
 from retry.worker import Dispatch
 from sender import log as delivery_log
 from sender.dispatch import Dispatcher, SenderConfig
+from sender.mailbox import Mailbox
+from sender.mailbox_api import MailboxContext
 from sender.providers.base import Provider
 from sender.providers.sandbox import FeedbackRunner, SandboxEmailProvider, SandboxSmsProvider
 from sender.providers.ses import SesProvider
@@ -70,6 +72,8 @@ class Services:
     suppression: SuppressionContext
     # The delivery log's operations for the retry package (`sender.log` implements them).
     delivery_queue: DeliveryQueue
+    # The sandbox mailbox's store and channels; None when no provider is the sandbox.
+    sandbox_mailbox: MailboxContext | None = None
     # httpx transport for SNS SubscribeURL confirmations (tests inject one); None = network.
     sns_confirm_transport: httpx.AsyncBaseTransport | None = None
     # name -> check returning (ready, details); /readyz runs them all.
@@ -137,7 +141,22 @@ def build_services(settings: Settings, database_url: str) -> Services:
     )
     # sender: provider adapters (sandbox by default), the dispatcher and the send API; the
     # sandbox's feedback runner gets the webhooks' ingestor.
-    runner = FeedbackRunner(ingestor, delay=settings.sandbox_feedback_delay_seconds)
+    # Its records (the mailbox) and callback progress are written by `sender.mailbox`, so
+    # pending callbacks survive a restart (`replay_sandbox_feedback`).
+    sandbox_channels = tuple(
+        channel
+        for channel, provider in (
+            ("email", settings.email_provider),
+            ("sms", settings.sms_provider),
+        )
+        if provider == "sandbox"
+    )
+    mailbox = Mailbox(engine, protector, default_region=settings.default_region)
+    runner = FeedbackRunner(
+        ingestor,
+        delay=settings.sandbox_feedback_delay_seconds,
+        store=mailbox if sandbox_channels else None,
+    )
     dispatcher = Dispatcher(
         engine=engine,
         protector=protector,
@@ -178,6 +197,9 @@ def build_services(settings: Settings, database_url: str) -> Services:
             actor_of=_actor_of,
         ),
         delivery_queue=delivery_log,
+        sandbox_mailbox=(
+            MailboxContext(mailbox, runner, sandbox_channels) if sandbox_channels else None
+        ),
     )
     # The sandbox adapters use the real providers' names, so these two cover every setup.
     services.readiness["breaker"] = breaker_readiness(breaker, ("ses", "twilio"))
@@ -205,6 +227,13 @@ def _redis(url: str) -> Redis:
         socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
     )
     return Redis.from_pool(pool)
+
+
+async def replay_sandbox_feedback(services: Services) -> None:
+    """Schedule the sandbox's stored callbacks that were still pending when a process died
+    or stopped (a background task of every serving process; no-op without the sandbox)."""
+    if services.sandbox_mailbox is not None:
+        await services.sandbox_feedback.replay()
 
 
 def _providers(settings: Settings, runner: FeedbackRunner) -> dict[str, Provider]:

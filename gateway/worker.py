@@ -14,7 +14,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator
 
-from gateway.services import Services
+from gateway.services import Services, replay_sandbox_feedback
 from gateway.settings import Settings
 from retry.worker import Worker
 
@@ -24,7 +24,10 @@ log = logging.getLogger("gateway")
 def background_tasks(
     settings: Settings, *, in_server: bool
 ) -> Iterator[Callable[[Services], Awaitable[None]]]:
-    """Tasks a `serve` process runs beside the HTTP server (GATEWAY_WORKER_ENABLED)."""
+    """Tasks a `serve` process runs beside the HTTP server: the sandbox's replay of pending
+    simulated callbacks, and the retry worker (GATEWAY_WORKER_ENABLED)."""
+    if in_server:
+        yield replay_sandbox_feedback
     if settings.retry.worker_enabled:
         yield run_worker
 

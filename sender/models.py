@@ -141,3 +141,43 @@ class Attempt(Base):
     error_message: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class SandboxMessage(Base):
+    """What the sandbox providers accepted (the mailbox) and their simulated callbacks.
+
+    Written only when a sandbox provider is configured; every statement on it lives in
+    `sender/mailbox.py`. Addresses and content are personal data: a keyed hash of the
+    normalized recipient for the `to` filter, everything else Fernet-encrypted.
+    """
+
+    __tablename__ = "sandbox_messages"
+    __table_args__ = (
+        Index("ix_sandbox_messages_created", "created_at", "id"),
+        Index("ix_sandbox_messages_to", "channel", "to_hash", "created_at"),
+        # Start-up replay: rows that still have simulated callbacks to deliver.
+        Index(
+            "ix_sandbox_messages_pending",
+            "next_callback_at",
+            postgresql_where=text("next_callback_at IS NOT NULL"),
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    channel: Mapped[str] = mapped_column(String(16))
+    # The provider family the sandbox stands in for ("ses", "twilio") and its message id.
+    provider: Mapped[str] = mapped_column(String(16))
+    provider_message_id: Mapped[str] = mapped_column(Text)
+    delivery_id: Mapped[uuid.UUID] = mapped_column()
+    to_hash: Mapped[str] = mapped_column(String(64))
+    # Fernet ciphertext of the recipient as sent, and of the JSON of everything else the
+    # provider saw (headers, tags, content, the planned callbacks' payloads).
+    to_encrypted: Mapped[str | None] = mapped_column(Text)
+    content_encrypted: Mapped[str | None] = mapped_column(Text)
+    # The planned callbacks without personal data: [{"seq", "event", "due_at"}].
+    callbacks: Mapped[list[dict[str, Any]]] = mapped_column(JSONB)
+    # What became of each delivered one: [{"seq", "at", "result"}].
+    results: Mapped[list[dict[str, Any]]] = mapped_column(JSONB)
+    # Due time of the next callback not yet delivered; NULL when all were.
+    next_callback_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))

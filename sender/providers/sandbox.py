@@ -15,18 +15,27 @@ SMS: To `+15005550001` -> error 21211, `+15005550002` -> 21612, `+15005550003` -
 `+15005550007` -> 21606, `+15005550008` -> 21611. `+15005550006` and any other number:
 accepted, then status callbacks `sent` and `delivered`.
 
-Feedback runs in background tasks after `delay` seconds per event; `drain()` waits for all of
-them (tests use it to await pending feedback deterministically).
+Each accepted message becomes a `SandboxRecord` (what the provider saw, and the callbacks it
+would make, planned with fixed event ids and due times). The `FeedbackRunner` delivers the
+callbacks in background tasks, `delay` seconds apart, and hands records and callback progress
+to an injected `MailboxStore` (the composition root passes `sender.mailbox`'s, which writes
+the `sandbox_messages` table): that is the sandbox mailbox (`GET /v1/sandbox/messages`), and
+it lets a restarted process replay callbacks that were still pending. `drain()` waits for
+all of them (tests use it to await pending feedback deterministically).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import email.policy
+import email.utils
 import logging
 import secrets
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from email.message import EmailMessage
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
@@ -85,53 +94,223 @@ class Feedback(Protocol):
         ...
 
 
+@dataclass
+class SimulatedCallback:
+    """One callback the real provider would make, planned at send time.
+
+    `event_id` is fixed when it is planned (SES: the SNS MessageId of the notification that
+    would carry it; Twilio: the `I-Twilio-Idempotency-Token`), so delivering it again after
+    a restart is a duplicate to the event store, not a second event.
+    """
+
+    seq: int
+    kind: str  # "ses" | "twilio"
+    event: str  # SES eventType ("Send", "Bounce", ...) or Twilio MessageStatus
+    due_at: dt.datetime
+    payload: dict[str, Any]  # SES: the event JSON; Twilio: the form parameters
+    event_id: str
+    query: dict[str, str] = field(default_factory=dict)  # Twilio: the callback URL's query
+    delivered_at: dt.datetime | None = None
+    # What the feedback path made of it (its dispositions), or "error: <type>".
+    result: str | None = None
+
+    async def deliver(self, feedback: Feedback) -> str:
+        """Hand it to the feedback path; its answer as text."""
+        if self.kind == "ses":
+            answer = await feedback.ses_message(self.payload, event_id=self.event_id)
+        else:
+            answer = await feedback.twilio_status(
+                self.payload, query=self.query, idempotency_token=self.event_id
+            )
+        if isinstance(answer, list | tuple):
+            return ",".join(str(a) for a in answer)
+        return "" if answer is None else str(answer)
+
+
+@dataclass
+class SandboxRecord:
+    """One message a sandbox provider accepted: what the provider saw, and its callbacks.
+
+    `content` for email: `from`, `to`, `reply_to`, `subject`, `text`, `html`, `headers`
+    (`[[name, value], ...]` as sent, the correlation header included), `tags`; for SMS:
+    `from`, `to`, `body`, `messaging_service_sid`, `status_callback`.
+    """
+
+    id: uuid.UUID
+    channel: str
+    provider: str
+    provider_message_id: str
+    delivery_id: uuid.UUID
+    to: str
+    created_at: dt.datetime
+    content: dict[str, Any]
+    callbacks: list[SimulatedCallback]
+
+    @property
+    def next_callback_at(self) -> dt.datetime | None:
+        """Due time of the first callback not delivered yet (None when all were)."""
+        return next((c.due_at for c in self.callbacks if c.delivered_at is None), None)
+
+
+class MailboxStore(Protocol):
+    """Persistence of sandbox records, handed in by the composition root (provider code never
+    touches the database itself; `sender.mailbox` implements it)."""
+
+    async def write(
+        self, new: Sequence[SandboxRecord], progressed: Sequence[SandboxRecord]
+    ) -> None:
+        """Insert `new` records and store the callback progress of `progressed` ones."""
+        ...
+
+    async def pending(self) -> list[SandboxRecord]:
+        """Every stored record with callbacks not delivered yet."""
+        ...
+
+
 class FeedbackRunner:
-    """Runs feedback in background tasks, a configurable moment after each send."""
+    """Runs simulated callbacks in background tasks, a configurable moment after each send,
+    and records what the sandbox accepted in the mailbox store (when there is one).
+
+    Records are written in batches by one background writer, off the send path: a send
+    adds no database round trip of its own; each write is one statement for every record
+    accepted (and every callback delivered) since the previous one. A callback that was
+    delivered but whose progress was not written yet when the process died is delivered
+    again by `replay` and stored by the event store as a duplicate.
+    """
 
     CONCURRENCY = 4
+    # Pause before writing again after the store failed (database away).
+    RETRY_SECONDS = 1.0
 
-    def __init__(self, feedback: Feedback | None = None, *, delay: float = 0.2) -> None:
+    def __init__(
+        self,
+        feedback: Feedback | None = None,
+        *,
+        delay: float = 0.2,
+        store: MailboxStore | None = None,
+    ) -> None:
         self.feedback = feedback
         self.delay = delay
+        self.store = store
         self._tasks: set[asyncio.Task[None]] = set()
+        # Records being delivered by this process (replay skips them).
+        self._live: set[uuid.UUID] = set()
         # Simulated callbacks applied at the same time: under a burst of sends they wait
         # here instead of taking every pooled database connection from the sends.
         self._gate = asyncio.Semaphore(self.CONCURRENCY)
+        self._unwritten: dict[uuid.UUID, SandboxRecord] = {}
+        self._progressed: dict[uuid.UUID, SandboxRecord] = {}
+        self._writer: asyncio.Task[None] | None = None
 
-    def submit(self, events: list[Callable[[Feedback], Awaitable[object]]]) -> None:
-        """Deliver `events` in order, each `delay` seconds after the previous one."""
-        if self.feedback is None or not events:
-            return
-        task = asyncio.get_running_loop().create_task(self._run(self.feedback, events))
+    def due_times(self, start: dt.datetime, n: int) -> list[dt.datetime]:
+        """When each of `n` callbacks of a send made at `start` is due."""
+        return [start + dt.timedelta(seconds=self.delay * (i + 1)) for i in range(n)]
+
+    def submit(self, record: SandboxRecord) -> None:
+        """Record `record` in the mailbox and deliver its callbacks in order, each when due."""
+        if self.store is not None:
+            self._unwritten[record.id] = record
+            self._wake_writer()
+        if self.feedback is not None and record.callbacks:
+            self._start(self.feedback, record)
+
+    async def replay(self) -> int:
+        """Schedule the stored callbacks not delivered yet (a process that died, or stopped
+        with callbacks pending, left them); past-due ones run at once. How many records."""
+        if self.store is None or self.feedback is None:
+            return 0
+        n = 0
+        for record in await self.store.pending():
+            if record.id not in self._live:
+                self._start(self.feedback, record)
+                n += 1
+        if n:
+            log.info("sandbox: replaying the pending callbacks of %d message(s)", n)
+        return n
+
+    def _start(self, feedback: Feedback, record: SandboxRecord) -> None:
+        self._live.add(record.id)
+        task = asyncio.get_running_loop().create_task(self._run(feedback, record))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._live.discard(record.id))
 
-    async def _run(
-        self, feedback: Feedback, events: list[Callable[[Feedback], Awaitable[object]]]
-    ) -> None:
-        for event in events:
-            await asyncio.sleep(self.delay)
+    async def _run(self, feedback: Feedback, record: SandboxRecord) -> None:
+        for callback in record.callbacks:
+            if callback.delivered_at is not None:
+                continue
+            wait = (callback.due_at - dt.datetime.now(dt.UTC)).total_seconds()
+            await asyncio.sleep(max(0.0, wait))
             try:
                 async with self._gate:
-                    await event(feedback)
-            except Exception:
+                    callback.result = await callback.deliver(feedback)
+            except Exception as exc:
                 log.exception("sandbox feedback failed")
+                callback.result = f"error: {type(exc).__name__}"
+            callback.delivered_at = dt.datetime.now(dt.UTC)
+            self._progress(record)
+
+    def _progress(self, record: SandboxRecord) -> None:
+        if self.store is None:
+            return
+        if record.id not in self._unwritten:
+            # (Not written yet: the insert carries the progress.)
+            self._progressed[record.id] = record
+        self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write_all())
+
+    async def _write_all(self) -> None:
+        """Write until nothing is left (one statement per round); retry while the store
+        fails."""
+        assert self.store is not None
+        while self._unwritten or self._progressed:
+            new = list(self._unwritten.values())
+            progressed = list(self._progressed.values())
+            self._unwritten.clear()
+            self._progressed.clear()
+            try:
+                await self.store.write(new, progressed)
+            except Exception:
+                log.exception("sandbox mailbox: writing %d record(s) failed", len(new))
+                for record in new:
+                    self._unwritten.setdefault(record.id, record)
+                    self._progressed.pop(record.id, None)
+                for record in progressed:
+                    if record.id not in self._unwritten:
+                        self._progressed.setdefault(record.id, record)
+                await asyncio.sleep(self.RETRY_SECONDS)
+
+    async def flush(self) -> None:
+        """Wait until every record and progress so far is written (no-op without a store)."""
+        while self._writer is not None and not self._writer.done():
+            await asyncio.shield(self._writer)
 
     @property
     def pending(self) -> int:
-        """Number of feedback sequences not finished yet."""
+        """Number of messages whose callbacks are not all delivered yet."""
         return len(self._tasks)
 
     async def drain(self) -> None:
-        """Wait until every submitted feedback sequence (including new ones) has run."""
+        """Wait until every submitted callback (including new ones) has run and is written."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.flush()
 
     async def close(self) -> None:
-        """Cancel whatever is still pending."""
+        """Cancel the callbacks still pending (stored ones are replayed at the next start)
+        and write what is not written yet."""
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._writer is not None and not self._writer.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self._writer), timeout=10)
+            except Exception:
+                log.exception("sandbox mailbox: records not written at shutdown")
+                self._writer.cancel()
 
 
 def _iso(moment: dt.datetime) -> str:
@@ -182,8 +361,37 @@ class SandboxEmailProvider:
             events.append(
                 {"eventType": "Complaint", "mail": mail, "complaint": self._complaint(message)}
             )
-        self.runner.submit([_ses_event(event) for event in events])
+        due = self.runner.due_times(now, len(events))
+        record = SandboxRecord(
+            id=uuid.uuid4(),
+            channel=self.channel,
+            provider=self.name,
+            provider_message_id=message_id,
+            delivery_id=message.delivery_id,
+            to=message.to,
+            created_at=now,
+            content=self._content(message, mail),
+            callbacks=[
+                # The SNS MessageId of the notification that would have carried the event.
+                SimulatedCallback(i, "ses", event["eventType"], due[i], event, str(uuid.uuid4()))
+                for i, event in enumerate(events)
+            ],
+        )
+        self.runner.submit(record)
         return SendOutcome(self.name, provider_message_id=message_id)
+
+    def _content(self, message: OutgoingMessage, mail: dict[str, Any]) -> dict[str, Any]:
+        # What the mailbox shows and renders as MIME: the message as SES would have built it.
+        return {
+            "from": mail["source"],
+            "to": message.to,
+            "reply_to": list(message.reply_to),
+            "subject": message.subject or "",
+            "text": message.text,
+            "html": message.html,
+            "headers": [[h["name"], h["value"]] for h in mail["headers"]],
+            "tags": mail["tags"],
+        }
 
     def _mail(self, message: OutgoingMessage, message_id: str, now: dt.datetime) -> dict[str, Any]:
         source = message.sender or "gateway@example.com"
@@ -278,14 +486,6 @@ class SandboxEmailProvider:
         await self.runner.close()
 
 
-def _ses_event(event: dict[str, Any]) -> Callable[[Feedback], Awaitable[object]]:
-    async def deliver(feedback: Feedback) -> object:
-        # The SNS MessageId of the notification that would have carried this event.
-        return await feedback.ses_message(event, event_id=str(uuid.uuid4()))
-
-    return deliver
-
-
 class SandboxSmsProvider:
     """Twilio magic-number look-alike."""
 
@@ -333,14 +533,41 @@ class SandboxSmsProvider:
         if self._service and not from_:
             base["MessagingServiceSid"] = self._service
         # The real callback URL is status_callback_url(...); its query carries the delivery id.
-        query = dict(
-            parse_qsl(urlsplit(status_callback_url(self._public_url, message.delivery_id)).query)
+        callback_url = status_callback_url(self._public_url, message.delivery_id)
+        query = dict(parse_qsl(urlsplit(callback_url).query))
+        now = dt.datetime.now(dt.UTC)
+        statuses = ("sent", "delivered")
+        due = self.runner.due_times(now, len(statuses))
+        record = SandboxRecord(
+            id=uuid.uuid4(),
+            channel=self.channel,
+            provider=self.name,
+            provider_message_id=sid,
+            delivery_id=message.delivery_id,
+            to=message.to,
+            created_at=now,
+            content={
+                "from": from_,
+                "to": message.to,
+                "body": message.body or "",
+                "messaging_service_sid": base.get("MessagingServiceSid"),
+                "status_callback": callback_url,
+            },
+            callbacks=[
+                SimulatedCallback(
+                    i,
+                    "twilio",
+                    status,
+                    due[i],
+                    {**base, "MessageStatus": status, "SmsStatus": status},
+                    # Twilio's `I-Twilio-Idempotency-Token`, constant across its own retries.
+                    f"{sid}-{status}",
+                    query,
+                )
+                for i, status in enumerate(statuses)
+            ],
         )
-        events = [
-            _twilio_event({**base, "MessageStatus": status, "SmsStatus": status}, query)
-            for status in ("sent", "delivered")
-        ]
-        self.runner.submit(events)
+        self.runner.submit(record)
         return SendOutcome(self.name, provider_message_id=sid)
 
     async def close(self) -> None:
@@ -348,12 +575,38 @@ class SandboxSmsProvider:
         await self.runner.close()
 
 
-def _twilio_event(
-    params: dict[str, str], query: dict[str, str]
-) -> Callable[[Feedback], Awaitable[object]]:
-    async def deliver(feedback: Feedback) -> object:
-        # Twilio sends `I-Twilio-Idempotency-Token`, constant across its own retries.
-        token = f"{params['MessageSid']}-{params['MessageStatus']}"
-        return await feedback.twilio_status(params, query=query, idempotency_token=token)
+# Long header values (a List-Unsubscribe URL with its token) stay on one line: RFC 5322
+# allows 998 characters, and folding them would only make the link harder to copy.
+_MIME_POLICY = email.policy.SMTP.clone(max_line_length=998)
 
-    return deliver
+
+def render_mime(record: SandboxRecord) -> bytes:
+    """The email as SES would have put it on the wire (`.eml`): headers, then text/html."""
+    content = record.content
+    mime = EmailMessage(policy=_MIME_POLICY)
+
+    def put(name: str, value: object) -> None:
+        text = " ".join(str(value).splitlines())
+        if text:
+            mime[name] = text
+
+    put("From", content.get("from") or "")
+    put("To", content.get("to") or record.to)
+    if content.get("reply_to"):
+        put("Reply-To", ", ".join(content["reply_to"]))
+    put("Subject", content.get("subject") or "")
+    put("Date", email.utils.format_datetime(record.created_at))
+    # SES's own Message-ID form (the SES message id at its mail domain).
+    put("Message-ID", f"<{record.provider_message_id}@email.amazonses.com>")
+    taken = {"from", "to", "subject", "mime-version", "reply-to", "date", "message-id"}
+    for name, value in content.get("headers") or []:
+        if str(name).lower() not in taken:
+            put(str(name), value)
+    text, html = content.get("text"), content.get("html")
+    if text is not None or html is None:
+        mime.set_content(text or "")
+        if html is not None:
+            mime.add_alternative(html, subtype="html")
+    else:
+        mime.set_content(html, subtype="html")
+    return mime.as_bytes()
