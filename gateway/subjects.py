@@ -55,7 +55,7 @@ from sqlalchemy.sql.expression import bindparam
 from gateway.auth import principal_of
 from gateway.services import Services
 from retry.models import DeadLetter
-from sender.models import Attempt, Delivery, Message
+from sender.models import Attempt, Delivery, Message, SandboxMessage
 from suppression.crypto import AddressProtector, InvalidToken
 from suppression.db import Base
 from suppression.models import Suppression, SuppressionHistory
@@ -75,6 +75,8 @@ CIPHERTEXT_COLUMNS: tuple[tuple[type[Base], str, str], ...] = (
     (Suppression, "address_encrypted", "address"),
     (ProviderEvent, "payload_encrypted", "payload"),
     (Message, "content_encrypted", "content"),
+    (SandboxMessage, "to_encrypted", "to"),
+    (SandboxMessage, "content_encrypted", "content"),
 )
 _CIPHERTEXT = {(model.__tablename__, column) for model, column, _ in CIPHERTEXT_COLUMNS}
 REDACTED = "[erased]"
@@ -160,6 +162,11 @@ def _related(
         SuppressionHistory: and_(
             SuppressionHistory.channel == subject.channel,
             SuppressionHistory.address_hash == subject.address_hash,
+        ),
+        # The sandbox mailbox's copies of what was sent to the subject.
+        SandboxMessage: and_(
+            SandboxMessage.channel == subject.channel,
+            SandboxMessage.to_hash == subject.address_hash,
         ),
     }
 

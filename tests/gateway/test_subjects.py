@@ -20,6 +20,8 @@ from gateway.settings import Settings
 from gateway.subjects import CIPHERTEXT_COLUMNS
 from retry.models import DeadLetter
 from sender.models import Attempt, Delivery, Message
+from sender.providers.base import OutgoingMessage
+from sender.providers.sandbox import FeedbackRunner, SandboxEmailProvider
 from suppression import service
 from suppression.models import Suppression, SuppressionHistory
 from suppression.normalize import normalize
@@ -128,6 +130,20 @@ async def _seed_person(services: Services, address: str, *, shared_with: str | N
             source=service.Source("provider_event", "evt-x", evidence={"diagnostic": "550"}),
         )
         await s.commit()
+    # What the sandbox mailbox keeps of a message to the address (no callbacks delivered).
+    assert services.sandbox_mailbox is not None
+    runner = FeedbackRunner(None, store=services.sandbox_mailbox.mailbox)
+    await SandboxEmailProvider(runner).send(
+        OutgoingMessage(
+            delivery_id=mine.id,
+            derived_key=mine.derived_key,
+            channel="email",
+            to=address,
+            subject="Hello",
+            text=f"Hi {address}",
+        )
+    )
+    await runner.drain()
 
 
 async def _unsubscribe(client: httpx.AsyncClient, services: Services, address: str) -> None:
@@ -193,6 +209,7 @@ async def test_erasure_leaves_no_plaintext_and_the_person_stays_suppressed(
             before
         )
         assert "messages.content_encrypted" in await _decrypted_hits(s, services, PERSON)
+        assert "sandbox_messages.to_encrypted" in await _decrypted_hits(s, services, PERSON)
 
     admin = bearer(await make_key("admin"))
     r = await client.delete("/v1/subjects/email/Erase.Me@EXAMPLE.com", headers=admin)
@@ -204,6 +221,7 @@ async def test_erasure_leaves_no_plaintext_and_the_person_stays_suppressed(
         "suppressions": 2,
         "provider_events": 2,
         "messages": 0,  # the content was also sent to OTHER, so it stays
+        "sandbox_messages": 1,
     }
     async with services.sessions() as s:
         assert await _plaintext_hits(s, PERSON) == []
