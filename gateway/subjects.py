@@ -75,7 +75,6 @@ CIPHERTEXT_COLUMNS: tuple[tuple[type[Base], str, str], ...] = (
     (Suppression, "address_encrypted", "address"),
     (ProviderEvent, "payload_encrypted", "payload"),
     (Message, "content_encrypted", "content"),
-    (SandboxMessage, "to_encrypted", "to"),
     (SandboxMessage, "content_encrypted", "content"),
 )
 _CIPHERTEXT = {(model.__tablename__, column) for model, column, _ in CIPHERTEXT_COLUMNS}

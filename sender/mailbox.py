@@ -7,9 +7,10 @@ writer, one statement per batch (new records inserted, progress of earlier ones 
 in the same statement), so a sandbox send costs no round trip of its own.
 
 Addresses and content are personal data, as everywhere in the gateway: the recipient is
-stored as a keyed hash of its normalized form (the `to` filter) and a Fernet ciphertext;
-content and the planned callbacks' payloads as one Fernet ciphertext. The callback schedule
-and the results (event names, times, dispositions) are stored in the clear.
+stored as a keyed hash of its normalized form (the `to` filter); the recipient, content and
+the planned callbacks' payloads as one Fernet ciphertext (erasure sets it to NULL: the row
+is then no longer shown). The callback schedule and the results (event names, times,
+dispositions) are stored in the clear.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sender.providers.sandbox import SandboxRecord, SimulatedCallback
 from suppression.crypto import AddressProtector, InvalidToken
-from suppression.db import Pg, jsonb, pg_connection
+from suppression.db import jsonb, pg_connection
 from suppression.normalize import InvalidAddress, normalize
 
 log = logging.getLogger("gateway.sender.mailbox")
@@ -35,20 +36,19 @@ log = logging.getLogger("gateway.sender.mailbox")
 _WRITE = """
 WITH new AS (
     INSERT INTO sandbox_messages (
-        id, channel, provider, provider_message_id, delivery_id, to_hash, to_encrypted,
-        content_encrypted, callbacks, results, next_callback_at, created_at
+        id, channel, provider, provider_message_id, delivery_id, to_hash, content_encrypted,
+        callbacks, results, next_callback_at, created_at
     )
     SELECT * FROM unnest(
         $1::uuid[], $2::varchar[], $3::varchar[], $4::text[], $5::uuid[], $6::varchar[],
-        $7::text[], $8::text[], $9::jsonb[], $10::jsonb[], $11::timestamptz[],
-        $12::timestamptz[]
+        $7::text[], $8::jsonb[], $9::jsonb[], $10::timestamptz[], $11::timestamptz[]
     )
     ON CONFLICT (id) DO NOTHING
     RETURNING 1
 ), progress AS (
     UPDATE sandbox_messages AS m
     SET results = p.results, next_callback_at = p.next_at
-    FROM unnest($13::uuid[], $14::jsonb[], $15::timestamptz[]) AS p (id, results, next_at)
+    FROM unnest($12::uuid[], $13::jsonb[], $14::timestamptz[]) AS p (id, results, next_at)
     WHERE m.id = p.id
     RETURNING 1
 )
@@ -56,8 +56,8 @@ SELECT (SELECT count(*) FROM new) AS inserted, (SELECT count(*) FROM progress) A
 """
 
 _COLUMNS = (
-    "id, channel, provider, provider_message_id, delivery_id, to_encrypted, content_encrypted, "
-    "callbacks, results, next_callback_at, created_at"
+    "id, channel, provider, provider_message_id, delivery_id, content_encrypted, callbacks, "
+    "results, next_callback_at, created_at"
 )
 
 _PENDING = f"""
@@ -122,8 +122,7 @@ class Mailbox:
                 [r.provider for r in new],
                 [r.provider_message_id for r in new],
                 [r.delivery_id for r in new],
-                [self.to_hash(r.channel, r.to) for r in new],
-                [encrypt(r.to) for r in new],
+                [self.protector.hash(r.channel, _key(r)) for r in new],
                 [encrypt(json.dumps(_private(r), separators=(",", ":"))) for r in new],
                 [jsonb(_schedule(r)) for r in new],
                 [jsonb(_results(r)) for r in new],
@@ -184,10 +183,9 @@ class Mailbox:
     def _record(self, row: Any) -> SandboxRecord | None:
         """A stored row as a record; None when no configured key decrypts it (or the
         recipient was erased)."""
-        if row["to_encrypted"] is None or row["content_encrypted"] is None:
+        if row["content_encrypted"] is None:
             return None
         try:
-            to = self.protector.decrypt(row["to_encrypted"])
             private = json.loads(self.protector.decrypt(row["content_encrypted"]))
         except InvalidToken:
             log.warning("sandbox message %s: no configured key decrypts it", row["id"])
@@ -217,24 +215,24 @@ class Mailbox:
             provider=row["provider"],
             provider_message_id=row["provider_message_id"],
             delivery_id=row["delivery_id"],
-            to=to,
+            to=private["to"],
             created_at=row["created_at"],
             content=private["content"],
             callbacks=callbacks,
         )
 
 
-async def erase(conn: Pg, channel: str, address_hash: str) -> int:
-    """Delete the mailbox's copies of everything sent to one address (erasure); how many."""
-    result: str = await conn.execute(
-        "DELETE FROM sandbox_messages WHERE channel = $1 AND to_hash = $2", channel, address_hash
-    )
-    return int(result.rsplit(" ", 1)[-1])
+def _key(record: SandboxRecord) -> str:
+    # A sandbox adapter gets the display form of a normalized address (`sender.dispatch`),
+    # which differs from the key only by the case of an email's local part: no need to
+    # normalize again on the writer's path.
+    return record.to.lower() if record.channel == "email" else record.to
 
 
 def _private(record: SandboxRecord) -> dict[str, Any]:
     # Everything that may hold personal data: content, and the payloads of the callbacks.
     return {
+        "to": record.to,
         "content": record.content,
         "callbacks": [
             {"kind": c.kind, "payload": c.payload, "event_id": c.event_id, "query": c.query}

@@ -170,9 +170,8 @@ class SandboxMessage(Base):
     provider_message_id: Mapped[str] = mapped_column(Text)
     delivery_id: Mapped[uuid.UUID] = mapped_column()
     to_hash: Mapped[str] = mapped_column(String(64))
-    # Fernet ciphertext of the recipient as sent, and of the JSON of everything else the
-    # provider saw (headers, tags, content, the planned callbacks' payloads).
-    to_encrypted: Mapped[str | None] = mapped_column(Text)
+    # Fernet ciphertext of the JSON of everything the provider saw (recipient, headers, tags,
+    # content, the planned callbacks' payloads); NULL after erasure.
     content_encrypted: Mapped[str | None] = mapped_column(Text)
     # The planned callbacks without personal data: [{"seq", "event", "due_at"}].
     callbacks: Mapped[list[dict[str, Any]]] = mapped_column(JSONB)

@@ -25,7 +25,6 @@ def upgrade() -> None:
         sa.Column("provider_message_id", sa.Text(), nullable=False),
         sa.Column("delivery_id", sa.Uuid(), nullable=False),
         sa.Column("to_hash", sa.String(length=64), nullable=False),
-        sa.Column("to_encrypted", sa.Text(), nullable=True),
         sa.Column("content_encrypted", sa.Text(), nullable=True),
         sa.Column("callbacks", postgresql.JSONB(astext_type=sa.Text()), nullable=False),
         sa.Column("results", postgresql.JSONB(astext_type=sa.Text()), nullable=False),

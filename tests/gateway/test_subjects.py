@@ -209,7 +209,7 @@ async def test_erasure_leaves_no_plaintext_and_the_person_stays_suppressed(
             before
         )
         assert "messages.content_encrypted" in await _decrypted_hits(s, services, PERSON)
-        assert "sandbox_messages.to_encrypted" in await _decrypted_hits(s, services, PERSON)
+        assert "sandbox_messages.content_encrypted" in await _decrypted_hits(s, services, PERSON)
 
     admin = bearer(await make_key("admin"))
     r = await client.delete("/v1/subjects/email/Erase.Me@EXAMPLE.com", headers=admin)
