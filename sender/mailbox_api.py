@@ -22,6 +22,7 @@ from litestar import Controller, Response, get
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.exceptions import ClientException, HTTPException, NotFoundException
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Parameter, QueryParameter
 
 from sender.mailbox import BadCursor, Filter, Mailbox
@@ -219,6 +220,7 @@ class SandboxMailboxController(Controller):
             "`to` matches one recipient in any spelling (normalized like a send's); "
             "`channel` narrows to email or SMS. 404 when no provider is the sandbox."
         ),
+        responses={404: ResponseSpec(None, description="No provider is the sandbox")},
     )
     async def list_messages(
         self,
@@ -246,6 +248,9 @@ class SandboxMailboxController(Controller):
             "JSON by default. `format=eml` answers an email as `message/rfc822` (the MIME "
             "message SES would have sent, as an attachment `<id>.eml`); SMS have none (400)."
         ),
+        responses={
+            404: ResponseSpec(None, description="No such message, or no provider is the sandbox")
+        },
     )
     async def show(
         self,
