@@ -66,7 +66,24 @@ class Rig:
             self.services.dispatch,
             self.services.settings.retry,
         )
-        await run_worker_until(worker, done)
+        try:
+            await run_worker_until(worker, done)
+        except AssertionError as exc:
+            # Say where the deliveries stand, so a failure tells what held them.
+            async with self.services.sessions() as s:
+                rows = (
+                    await s.execute(
+                        select(
+                            deliveries.c.status,
+                            deliveries.c.reason,
+                            deliveries.c.next_attempt_at,
+                            deliveries.c.attempts,
+                            deliveries.c.last_error,
+                        )
+                    )
+                ).all()
+            breaker = await self.services.breaker.state("twilio")
+            raise AssertionError(f"{exc}: deliveries {rows}, twilio breaker {breaker}") from exc
 
     def fail(self, to: str, times: int) -> None:
         """The provider answers the next `times` messages to `to` with a 500."""
