@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Mapping
@@ -217,3 +218,38 @@ async def test_a_failing_feedback_target_does_not_stop_the_rest() -> None:
     await SandboxEmailProvider(runner).send(_email("success@simulator.amazonses.com"))
     await runner.drain()
     assert [m["eventType"] for m, _ in recorder.ses] == ["Delivery"]
+
+
+class SlowFeedback(Recorder):
+    """Applies Twilio callbacks only once `open` is set (a database that cannot keep up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open = asyncio.Event()
+
+    async def twilio_status(
+        self, params: Mapping[str, str], *, query: Mapping[str, str], idempotency_token: str | None
+    ) -> object:
+        await self.open.wait()
+        return await super().twilio_status(params, query=query, idempotency_token=idempotency_token)
+
+
+async def test_sends_wait_while_the_callback_backlog_is_full() -> None:
+    feedback = SlowFeedback()
+    runner = FeedbackRunner(feedback, delay=0)
+    runner.MAX_OVERDUE = 3  # with CONCURRENCY 4 applying: 7 callbacks in flight at most
+    provider = SandboxSmsProvider(runner, public_url="https://gw.test")
+    for i in range(7):
+        assert (await provider.send(_sms(f"+1415555010{i}"))).accepted
+    for _ in range(20):  # let every due callback reach the gate
+        await asyncio.sleep(0)
+    assert runner.overdue == 3
+    blocked = asyncio.create_task(provider.send(_sms("+14155550109")))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not blocked.done()  # the send waits for room: the backlog does not grow
+    feedback.open.set()
+    assert (await blocked).accepted
+    await runner.drain()
+    assert runner.overdue == 0
+    assert len(feedback.twilio) >= 8  # every send's callbacks were applied in the end
