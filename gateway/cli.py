@@ -93,7 +93,14 @@ def cmd_openapi(args: argparse.Namespace) -> int:
 def cmd_keys(args: argparse.Namespace) -> int:
     """Create, list and revoke API keys."""
     from gateway.db import create_engine, session_factory
-    from gateway.keys import UnknownScopeError, create_key, list_keys, parse_scopes, revoke_key
+    from gateway.keys import (
+        UnknownScopeError,
+        create_key,
+        key_name_problem,
+        list_keys,
+        parse_scopes,
+        revoke_key,
+    )
     from gateway.runtime import prepare
 
     settings = _settings()
@@ -103,6 +110,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
             scopes = parse_scopes(args.scopes)
         except UnknownScopeError as exc:
             print(f"gateway: {exc}", file=sys.stderr)
+            return 2
+        if problem := key_name_problem(args.name or ""):
+            print(f"gateway: {problem}", file=sys.stderr)
             return 2
     if args.action == "revoke":
         try:

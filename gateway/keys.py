@@ -26,6 +26,19 @@ class UnknownScopeError(ValueError):
     """A scope that is not one of SCOPES."""
 
 
+MAX_KEY_NAME = 200
+"""The longest key name (characters), for the API and the CLI alike."""
+
+
+def key_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a key (too long, or a control character), or None."""
+    if len(name) > MAX_KEY_NAME:
+        return f"a key name has at most {MAX_KEY_NAME} characters ({len(name)} given)"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        return "a key name is one line of text without control characters"
+    return None
+
+
 @dataclass(frozen=True)
 class Principal:
     """The authenticated caller: which key, with which scopes."""

@@ -16,6 +16,7 @@ from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.keys import (
+    MAX_KEY_NAME,
     SCOPES,
     UnknownScopeError,
     create_key,
@@ -25,7 +26,6 @@ from gateway.keys import (
 )
 from gateway.services import Services
 
-MAX_KEY_NAME = 200
 MAX_SCOPES = 16
 MAX_SCOPE = 32
 

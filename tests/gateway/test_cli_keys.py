@@ -46,3 +46,21 @@ def test_keys_create_list_revoke(clean_database: str) -> None:
     assert _run(env, "keys", "revoke", key_id).returncode == 1
     bad = _run(env, "keys", "create", "--scopes", "root")
     assert bad.returncode == 2 and "root" in bad.stderr
+
+
+def test_keys_create_refuses_a_name_the_api_would_refuse(clean_database: str) -> None:
+    import os
+
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")},
+        **gateway_env(clean_database),
+    }
+    for name, why in (("x" * 201, "at most 200 characters"), ("a\nb", "control characters")):
+        refused = _run(env, "keys", "create", "--scopes", "send", "--name", name)
+        assert refused.returncode == 2, refused.stderr
+        assert why in refused.stderr
+        assert refused.stdout == ""  # no secret was made
+    engine = create_engine(make_url(clean_database).set(drivername="postgresql+psycopg"))
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM api_keys")).scalar_one() == 0
+    engine.dispose()
