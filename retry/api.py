@@ -25,10 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from retry import dlq
 from retry.queue import DeliveryQueue
-
-# A free-text parameter that must say something: not only white space, no C0 control
-# character (gateway.inputs refuses those in every query parameter).
-SOME_TEXT = r"^[^\x00-\x1f]*[^\s\x00-\x1f\x85][^\x00-\x1f]*$"
+from suppression.api import SOME_TEXT
 
 EntryState = Literal["open", "redriven", "discarded", "all"]
 
