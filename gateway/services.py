@@ -24,6 +24,7 @@ from retry.breaker import CircuitBreaker, breaker_readiness, build_breaker
 from retry.queue import DeliveryQueue
 from retry.ratelimit import RateLimiter, build_limiter
 from retry.shared import SharedStateOutage, SharedStateUnavailable
+from retry.wakeup import Wakeup
 from retry.worker import Dispatch
 from sender import log as delivery_log
 from sender.dispatch import Dispatcher, SenderConfig
@@ -72,6 +73,8 @@ class Services:
     suppression: SuppressionContext
     # The delivery log's operations for the retry package (`sender.log` implements them).
     delivery_queue: DeliveryQueue
+    # Wakes the retry worker's lanes when deliveries were queued due now (retry.wakeup).
+    wakeup: Wakeup
     # The sandbox mailbox's store and channels; None when no provider is the sandbox.
     sandbox_mailbox: MailboxContext | None = None
     # httpx transport for SNS SubscribeURL confirmations (tests inject one); None = network.
@@ -167,7 +170,12 @@ def build_services(settings: Settings, database_url: str) -> Services:
         on_parked=ingestor.apply_parked_for_delivery,
         on_unknown_outcome=ingestor.apply_parked_for_delivery,
     )
-    send_service = SendService(dispatcher, sessions, events_of=events_for_deliveries)
+    # retry: wakes this process's worker lanes (and, by NOTIFY, other processes') when an
+    # asynchronous acceptance queued deliveries due now.
+    wakeup = Wakeup(engine)
+    send_service = SendService(
+        dispatcher, sessions, events_of=events_for_deliveries, on_queued=wakeup.notify
+    )
     services = Services(
         settings=settings,
         engine=engine,
@@ -197,6 +205,7 @@ def build_services(settings: Settings, database_url: str) -> Services:
             actor_of=_actor_of,
         ),
         delivery_queue=delivery_log,
+        wakeup=wakeup,
         sandbox_mailbox=(
             MailboxContext(mailbox, runner, sandbox_channels) if sandbox_channels else None
         ),
@@ -284,6 +293,7 @@ def _sender_config(settings: Settings) -> SenderConfig:
         error_overrides=settings.send_error_overrides,
         concurrency=settings.send_concurrency,
         unsubscribe_mailto=settings.unsubscribe_mailto,
+        marketing_async=settings.marketing_async,
     )
 
 

@@ -89,6 +89,11 @@ class Settings:
     send_error_overrides: Mapping[str, str] = field(default_factory=dict)
     # Deliveries of one request sent at the same time.
     send_concurrency: int = 16
+    # GATEWAY_MARKETING_ASYNC: accept `category: marketing` sends asynchronously by default
+    # (202, deliveries queued for the workers) as if they asked `Prefer: respond-async`.
+    # Off by default: it changes the answer existing clients get (202 with `queued` instead
+    # of 201 with the provider's first answer).
+    marketing_async: bool = False
     provider_connect_timeout_seconds: float = 5.0
     provider_read_timeout_seconds: float = 15.0
     # botocore's own attempts per SendEmail (1 = no botocore retry; see sender/providers/ses).
@@ -356,6 +361,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         webhooks=_webhooks(env),
         send_error_overrides=_parsed(env, "GATEWAY_SEND_ERROR_OVERRIDES", parse_overrides, {}),
         send_concurrency=_number(env, "GATEWAY_SEND_CONCURRENCY", 16, int, 1),
+        marketing_async=_bool(env, "GATEWAY_MARKETING_ASYNC", False),
         provider_connect_timeout_seconds=_number(
             env, "GATEWAY_PROVIDER_CONNECT_TIMEOUT_SECONDS", 5.0, float, 0.1
         ),

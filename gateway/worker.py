@@ -42,6 +42,7 @@ def build_worker(services: Services) -> Worker:
         services.dispatch,
         services.settings.retry,
         maintenance=[services.ingestor.sweep_parked],
+        wakeup=services.wakeup,
     )
 
 

@@ -55,8 +55,11 @@ class DeliveryQueue(Protocol):
     `sender.log` module) against this type.
     """
 
-    async def claim_due(self, conn: Pg, *, limit: int, now: dt.datetime) -> Sequence[Due]:
-        """Take up to `limit` due deliveries off the queue (SKIP LOCKED), priority first."""
+    async def claim_due(
+        self, conn: Pg, *, limit: int, now: dt.datetime, min_rank: int = 0, max_rank: int = 2
+    ) -> Sequence[Due]:
+        """Take up to `limit` due deliveries whose priority rank lies in
+        [`min_rank`, `max_rank`] off the queue (SKIP LOCKED), highest priority first."""
         ...
 
     async def release(self, conn: Pg, items: Sequence[Due]) -> None:

@@ -22,6 +22,21 @@ number of workers in any number of processes can run side by side: each due row 
 by exactly one of them. A claim whose worker died before dispatching is put back on the
 queue by the sweeper. The worker is handed `dispatch` by the composition root; `retry`
 never imports `sender`.
+
+`run` (the long-running loop) works in three lanes, one per priority, each with its own
+`worker_concurrency` dispatch slots:
+
+* the `high` lane claims only `high` deliveries;
+* the `normal` lane claims `high` and `normal` ones (highest first);
+* the `low` lane claims every priority (highest first).
+
+So a backlog of millions of `low` deliveries can fill the `low` lane's slots only: a `high`
+delivery always finds its lane's slots (and, when idle, the other lanes help with it). A
+lane claims no more rows than it has free slots (at most `worker_batch`), dispatches each
+claimed row at once, and claims again as slots free up: claimed rows never wait behind a
+slow call in memory. When its last claim was short, a lane waits for a wake-up
+(`retry.wakeup.Wakeup`: in process when this process accepted deliveries, LISTEN/NOTIFY
+across processes) or its poll interval, whichever comes first.
 """
 
 from __future__ import annotations
@@ -30,7 +45,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +55,7 @@ from retry.policy import backoff_from_settings, settle_reason
 from retry.queue import DeliveryQueue, Due
 from retry.settings import RetrySettings
 from retry.sweeper import sweep_stale
+from retry.wakeup import Wakeup
 from suppression.db import pg_connection, utcnow
 
 log = logging.getLogger("retry.worker")
@@ -50,6 +65,22 @@ Clock = Callable[[], dt.datetime]
 
 # How long a cancelled worker lets provider calls already under way finish and record.
 SHUTDOWN_GRACE_SECONDS = 10.0
+
+
+# The lanes: (name, lowest rank claimed, highest rank claimed); see the module docstring.
+LANES: tuple[tuple[str, int, int], ...] = (("high", 2, 2), ("normal", 1, 2), ("low", 0, 2))
+
+
+@dataclass
+class _Lane:
+    """One priority lane's dispatch slots and the calls it has under way."""
+
+    name: str
+    min_rank: int
+    max_rank: int
+    free: int
+    freed: asyncio.Event
+    tasks: set[asyncio.Task[None]]
 
 
 @dataclass
@@ -73,12 +104,14 @@ class Worker:
         *,
         clock: Clock = utcnow,
         maintenance: Sequence[Callable[[], Awaitable[int]]] = (),
+        wakeup: Wakeup | None = None,
     ) -> None:
         self._engine = engine
         self._queue = queue
         self._dispatch = dispatch
         self._settings = settings
         self._clock = clock
+        self._wakeup = wakeup or Wakeup()
         # Further periodic jobs handed in by the composition root (e.g. applying parked
         # provider events), run with the sweeper.
         self._maintenance = tuple(maintenance)
@@ -117,33 +150,94 @@ class Worker:
         return handled
 
     async def run(self) -> None:
-        """Loop until cancelled: rounds back to back while work is due, else poll; sweep
-        periodically. A failing round (database down) is logged and retried after a pause."""
+        """Loop until cancelled: the three priority lanes claim and dispatch (see the module
+        docstring), the sweeper runs periodically, and the wake-up listener hears other
+        processes' notifications. Cancelling stops it gracefully: calls under way may finish
+        and record their outcome (within `SHUTDOWN_GRACE_SECONDS`)."""
         s = self._settings
-        sweep_every = min(max(s.stale_in_progress_seconds / 4, s.worker_poll_seconds), 60.0)
-        next_sweep = 0.0
         log.info(
-            "retry worker running (batch %d, concurrency %d)", s.worker_batch, s.worker_concurrency
+            "retry worker running (lanes high/normal/low, batch %d, concurrency %d per lane)",
+            s.worker_batch,
+            s.worker_concurrency,
         )
+        lanes = [
+            _Lane(name, low, high, s.worker_concurrency, asyncio.Event(), set())
+            for name, low, high in LANES
+        ]
+        loops = [asyncio.create_task(self._lane(lane), name=f"lane-{lane.name}") for lane in lanes]
+        loops.append(asyncio.create_task(self._sweep_loop(), name="sweeper"))
+        loops.append(asyncio.create_task(self._wakeup.listen(), name="wakeup-listener"))
+        try:
+            await asyncio.gather(*loops)
+        finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            running = {t for lane in lanes for t in lane.tasks if not t.done()}
+            await asyncio.shield(self._finish_calls(running))
+
+    async def _finish_calls(self, running: set[asyncio.Task[None]]) -> None:
+        if running:
+            _, late = await asyncio.wait(running, timeout=SHUTDOWN_GRACE_SECONDS)
+            for task in late:
+                task.cancel()
+        log.info("retry worker stopped: %d calls finished", len(running))
+
+    async def _sweep_loop(self) -> None:
+        s = self._settings
+        every = min(max(s.stale_in_progress_seconds / 4, s.worker_poll_seconds), 60.0)
         while True:
             try:
-                if time.monotonic() >= next_sweep:
-                    next_sweep = time.monotonic() + sweep_every
-                    await self.sweep()
-                result = await self.run_once()
+                await self.sweep()
             except Exception:
-                log.exception("retry worker round failed; pausing")
+                log.exception("retry worker sweep failed")
+            await asyncio.sleep(every)
+
+    async def _lane(self, lane: _Lane) -> None:
+        s = self._settings
+        rank = lane.min_rank
+        full = False
+        while True:
+            # After a full claim (a backlog), claim again once half the slots are free (one
+            # claim statement per several calls); otherwise as soon as one is.
+            need = max(1, s.worker_concurrency // 2) if full else 1
+            while lane.free < need:
+                lane.freed.clear()
+                await lane.freed.wait()
+            self._wakeup.clear(rank)
+            asked = min(s.worker_batch, lane.free)
+            try:
+                items, result = await self._claim(asked, lane.min_rank, lane.max_rank)
+            except Exception:
+                log.exception("retry worker claim failed (%s lane); pausing", lane.name)
                 await asyncio.sleep(max(s.worker_poll_seconds, 1.0))
                 continue
-            if result.claimed < s.worker_batch:
-                await asyncio.sleep(s.worker_poll_seconds)
+            for item in items:
+                lane.free -= 1
+                task = asyncio.create_task(self._lane_call(item, lane))
+                lane.tasks.add(task)
+                task.add_done_callback(lane.tasks.discard)
+            full = result.claimed >= asked
+            if not full:
+                await self._wakeup.wait(rank, s.worker_poll_seconds)
 
-    async def _claim(self, limit: int) -> tuple[list[Due], RoundResult]:
+    async def _lane_call(self, item: Due, lane: _Lane) -> None:
+        try:
+            await self._dispatch_guarded(item)
+        finally:
+            lane.free += 1
+            lane.freed.set()
+
+    async def _claim(
+        self, limit: int, min_rank: int = 0, max_rank: int = 2
+    ) -> tuple[list[Due], RoundResult]:
         now = self._clock()
         result = RoundResult()
         to_send: list[Due] = []
         async with pg_connection(self._engine) as conn, conn.transaction():
-            claimed = await self._queue.claim_due(conn, limit=limit, now=now)
+            claimed = await self._queue.claim_due(
+                conn, limit=limit, now=now, min_rank=min_rank, max_rank=max_rank
+            )
             result.claimed = len(claimed)
             for item in claimed:
                 reason = self._settle_reason(item, now)
@@ -209,14 +303,18 @@ class Worker:
 
     async def _dispatch_one(self, item: Due, limit: asyncio.Semaphore) -> None:
         try:
+            await self._dispatch_guarded(item)
+        finally:
+            limit.release()
+
+    async def _dispatch_guarded(self, item: Due) -> None:
+        try:
             status = await self._dispatch(item.id)
             log.debug("delivery %s dispatched: %s", item.id, status)
         except Exception as exc:
             log.exception("dispatch of delivery %s failed", item.id)
             with contextlib.suppress(Exception):
                 await self._recover(item, exc)
-        finally:
-            limit.release()
 
     async def _recover(self, item: Due, exc: Exception) -> None:
         # The dispatch raised. If it never started a provider attempt (the delivery is still

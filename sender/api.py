@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from typing import Annotated, Any, Protocol
 
 from litestar import Controller, Request, Response, get, post
-from litestar.datastructures import State
+from litestar.datastructures import ResponseHeader, State
 from litestar.di import Provide
 from litestar.exceptions import HTTPException, NotFoundException
 from litestar.openapi.datastructures import ResponseSpec
@@ -35,6 +36,45 @@ def _principal(request: Request[Any, Any, Any]) -> _Principal:
     # Stored by the API-key guard (gateway.auth) before the handler runs.
     principal: _Principal = request.state.principal
     return principal
+
+
+# RFC 9110 token characters (a preference name is a token).
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def preference_names(values: Sequence[str]) -> list[str]:
+    """The preference names of `Prefer` header field values (RFC 7240 section 2), lower-case,
+    in order.
+
+    A field is a comma-separated list (several fields concatenate); each preference is
+    `token [= word] *(; parameter)`, where a word may be a quoted string holding commas or
+    semicolons. Values and parameters are skipped, empty list elements allowed, and an
+    element whose name is not a token is ignored (a server ignores what it does not know).
+    """
+    names: list[str] = []
+    for value in values:
+        element: list[str] = []
+        quoted = escaped = False
+        for ch in value + ",":
+            if quoted:
+                if escaped:
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch == '"':
+                    quoted = False
+                element.append(ch)
+            elif ch == '"':
+                quoted = True
+                element.append(ch)
+            elif ch == ",":
+                name = "".join(element).split(";", 1)[0].split("=", 1)[0].strip(" \t")
+                if name and all(c in _TOKEN for c in name):
+                    names.append(name.lower())
+                element = []
+            else:
+                element.append(ch)
+    return names
 
 
 def _problem(problem: SendProblem) -> HTTPException:
@@ -64,10 +104,27 @@ class MessagesController(Controller):
             "a repeat with the same body returns the stored answer with its original status "
             "code; a different body gets 422; a repeat while the first is in flight gets 409. "
             "201 when every delivery has a final answer for its first attempt (sent, failed, "
-            "suppressed), 202 when any was deferred (queued, retrying, unknown)."
+            "suppressed), 202 when any was deferred (queued, retrying, unknown). "
+            "With `Prefer: respond-async` (RFC 7240), or for `category: marketing` when the "
+            "gateway runs with GATEWAY_MARKETING_ASYNC=true, the request is accepted "
+            "asynchronously: 202 as soon as the message and its deliveries are stored, each "
+            "delivery `queued` (sent by the workers, highest priority first) or `suppressed`; "
+            "`Preference-Applied: respond-async` says the preference was honoured."
         ),
+        response_headers=[
+            ResponseHeader(
+                name="Preference-Applied",
+                description="`respond-async` when the request's preference was applied (RFC 7240)",
+                documentation_only=True,
+                required=False,
+            )
+        ],
         responses={
-            202: ResponseSpec(MessageCreated, description="Accepted; some deliveries deferred"),
+            202: ResponseSpec(
+                MessageCreated,
+                description="Accepted; some deliveries deferred, or accepted asynchronously "
+                "(every delivery queued or suppressed)",
+            ),
             400: ResponseSpec(
                 None,
                 description="Malformed body, or a missing or malformed Idempotency-Key "
@@ -95,6 +152,18 @@ class MessagesController(Controller):
                 schema_extra={"one_of": None, "type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN},
             ),
         ] = None,
+        prefer: Annotated[
+            str | None,
+            # Read from the raw headers (every Prefer field); declared for the documentation.
+            HeaderParameter(
+                name="Prefer",
+                required=False,
+                description="RFC 7240 preferences; `respond-async` asks for asynchronous "
+                "acceptance (202 once stored). Other preferences are ignored.",
+                max_length=1024,
+                schema_extra={"one_of": None, "type": "string"},
+            ),
+        ] = None,
     ) -> Response[MessageCreated]:
         """Send one message (see the route description)."""
         try:
@@ -104,18 +173,24 @@ class MessagesController(Controller):
                 status_code=400, detail=str(exc), extra={"type": "urn:problem:idempotency-key"}
             ) from None
         raw = json.loads(await request.body())
+        asked_async = "respond-async" in preference_names(request.headers.getall("prefer", []))
         try:
             answer = await send_service.send(
                 client_id=_principal(request).key_id,
                 idempotency_key=key,
                 request=data,
                 raw_body=raw,
+                prefer_async=asked_async,
             )
         except SendProblem as problem:
             raise _problem(problem) from None
         headers = {"Location": f"/v1/messages/{answer.body.id}"}
         if answer.replayed:
             headers["Idempotent-Replayed"] = "true"
+        # A replay is the stored answer: a 202 to a client asking for respond-async says the
+        # preference holds for it (the deliveries are the workers' business either way).
+        if asked_async and (answer.asynchronous or (answer.replayed and answer.status_code == 202)):
+            headers["Preference-Applied"] = "respond-async"
         return Response(answer.body, status_code=answer.status_code, headers=headers)
 
     @get(

@@ -123,6 +123,9 @@ class SenderConfig:
     concurrency: int = 4
     # Optional `mailto:` target added to List-Unsubscribe (GATEWAY_UNSUBSCRIBE_MAILTO).
     unsubscribe_mailto: str | None = None
+    # GATEWAY_MARKETING_ASYNC: `category: marketing` requests are accepted asynchronously
+    # (202, deliveries queued for the workers) even without `Prefer: respond-async`.
+    marketing_async: bool = False
 
 
 @dataclass(frozen=True)

@@ -181,8 +181,21 @@ _HITS = suppression.verdicts_sql(
 _CLAIM = f"""
 WITH hits AS ({_HITS}), m AS (
     INSERT INTO messages (id, client_id, idempotency_key, fingerprint, state, channel,
-        category, topic, priority, expires_at, content_encrypted, metadata, created_at)
-    VALUES ($1, $2, $3, $4, 'in_progress', $5, $6, $7, $8, $9, $10, $11, $12)
+        category, topic, priority, expires_at, content_encrypted, metadata, created_at,
+        response_code, completed_at, first_answers)
+    VALUES ($1, $2, $3, $4, CASE WHEN $25::bool THEN 'completed' ELSE 'in_progress' END,
+        $5, $6, $7, $8, $9, $10, $11, $12,
+        CASE WHEN $25::bool THEN 202 END,
+        CASE WHEN $25::bool THEN $12::timestamptz END,
+        -- Accepted asynchronously: the answer is complete now (each delivery queued, or
+        -- suppressed by its verdict), stored for idempotent replays like `record` does.
+        CASE WHEN $25::bool THEN (SELECT jsonb_agg(jsonb_build_object('id', u.id,
+            'status', CASE WHEN h.id IS NULL THEN u.status ELSE 'suppressed' END,
+            'reason', CASE WHEN h.id IS NULL THEN u.reason ELSE h.reason END)
+            ORDER BY u.position)
+            FROM unnest($14::uuid[], $15::int2[], $16::text[], $19::text[], $20::text[])
+                AS u(id, position, hash, status, reason)
+            LEFT JOIN hits h ON h.address_hash = u.hash) END)
     ON CONFLICT ON CONSTRAINT uq_messages_client_idempotency_key DO NOTHING
     RETURNING id
 ), d AS (
@@ -225,9 +238,14 @@ async def claim(
     *,
     priority_rank: int,
     now: dt.datetime,
+    complete: bool = False,
 ) -> dict[uuid.UUID, tuple[str, str | None]] | None:
     """Check the suppression list and insert the message, its deliveries and their first
     attempts, in one statement (one snapshot: an entry committed before it counts).
+
+    `complete` (asynchronous acceptance): the message is stored `completed` at once with
+    status code 202 and its first answers (every delivery `queued` or `suppressed`), so a
+    replay returns the same answer and nothing else has to be written before it is given.
 
     Returns each delivery's (status, reason), `suppressed` ones with the entry's reason and
     no attempt; None when (client, Idempotency-Key) exists already: nothing was written.
@@ -258,6 +276,7 @@ async def claim(
         [d.attempt_id for d in deliveries],
         [d.next_attempt_at for d in deliveries],
         suppression.scopes_for(message.category, message.topic),
+        complete,
     )
     if not rows:
         return None
@@ -636,7 +655,7 @@ _CLAIM_DUE = """
 WITH due AS (
     SELECT id, status, next_attempt_at FROM deliveries
     WHERE next_attempt_at IS NOT NULL AND next_attempt_at <= $1
-      AND status = ANY($3::text[])
+      AND status = ANY($3::text[]) AND priority_rank BETWEEN $4 AND $5
     ORDER BY priority_rank DESC, next_attempt_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -668,13 +687,18 @@ def _due(row: Any) -> DueDelivery:
     )
 
 
-async def claim_due(conn: Pg, *, limit: int, now: dt.datetime) -> list[DueDelivery]:
-    """Take up to `limit` due deliveries off the queue (highest priority, oldest due first).
+async def claim_due(
+    conn: Pg, *, limit: int, now: dt.datetime, min_rank: int = 0, max_rank: int = 2
+) -> list[DueDelivery]:
+    """Take up to `limit` due deliveries with a priority rank in [`min_rank`, `max_rank`]
+    off the queue (highest priority, oldest due first; the worker's lanes choose the ranks).
 
     `FOR UPDATE SKIP LOCKED`: concurrent workers never claim the same row. The status stays,
-    so the dispatch still sees a dispatchable delivery.
+    so the dispatch still sees a dispatchable delivery. The range scan of `ix_deliveries_due`
+    (priority_rank DESC, next_attempt_at) starts at the highest rank asked for and stops after
+    `limit` rows, whatever the backlog of lower ranks.
     """
-    rows = await conn.fetch(_CLAIM_DUE, now, limit, _CLAIMABLE)
+    rows = await conn.fetch(_CLAIM_DUE, now, limit, _CLAIMABLE, min_rank, max_rank)
     return sorted((_due(r) for r in rows), key=lambda d: (-d.priority_rank, d.due_at))
 
 

@@ -87,11 +87,18 @@ class SendProblem(Exception):
 
 @dataclass(frozen=True)
 class SendAnswer:
-    """The answer to a send: status code, document, and whether it is a replay."""
+    """The answer to a send: status code, document, whether it is a replay, and whether
+    this request was handled asynchronously (accepted, deliveries left to the workers)."""
 
     status_code: int
     body: MessageCreated
     replayed: bool = False
+    asynchronous: bool = False
+
+
+# Told the priority name of deliveries just queued due now by an asynchronous acceptance
+# (the composition root wakes the workers with it; see `retry.wakeup`). Must not block.
+OnQueued = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -110,12 +117,14 @@ class SendService:
         sessions: async_sessionmaker[AsyncSession],
         *,
         events_of: EventsOf | None = None,
+        on_queued: OnQueued | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.sessions = sessions
         self.protector = dispatcher.protector
         self.config = dispatcher.config
         self.events_of = events_of
+        self.on_queued = on_queued
 
     # -- POST /v1/messages ------------------------------------------------------------------
 
@@ -126,8 +135,14 @@ class SendService:
         idempotency_key: str,
         request: SendMessage,
         raw_body: Any,
+        prefer_async: bool = False,
     ) -> SendAnswer:
-        """Run the whole send flow for one request (see the module docstring)."""
+        """Run the whole send flow for one request (see the module docstring).
+
+        `prefer_async` (the client sent `Prefer: respond-async`), or a marketing request
+        while `marketing_async` is configured: the request is accepted asynchronously
+        (`_accept`): 202 once the claim committed, the workers make the calls.
+        """
         now = utcnow()
         recipients = self._recipients(request)
         content = self._content(request)
@@ -150,6 +165,8 @@ class SendService:
         )
         hashes = [protector.hash(channel, r.address.key) for r in recipients]
         provider = self.dispatcher.providers.get(channel)
+        if prefer_async or (self.config.marketing_async and request.category == "marketing"):
+            return await self._accept(message, recipients, hashes, provider is not None, now)
         defer_at = now + dt.timedelta(seconds=self.config.retry.defer_seconds)
         safety_net = now + dt.timedelta(seconds=self.config.retry.stale_in_progress_seconds)
         ids = [uuid.uuid4() for _ in recipients]
@@ -252,6 +269,77 @@ class SendService:
             ],
         )
         return SendAnswer(recorded.response_code, body)
+
+    async def _accept(
+        self,
+        message: dlog.NewMessage,
+        recipients: Sequence[_Recipient],
+        hashes: Sequence[str],
+        sendable: bool,
+        now: dt.datetime,
+    ) -> SendAnswer:
+        """Asynchronous acceptance: one statement (`sender.log.claim` with `complete`) stores
+        the message completed with its 202 answer and each delivery `queued` due now, or
+        `suppressed` by its verdict (final at once). No limiter token is taken and no
+        provider is called here: the workers claim the queued deliveries by priority and
+        send them through `Dispatcher.dispatch` (which gates, re-checks suppression and the
+        deadline). The workers are woken (`on_queued`) once the claim has committed."""
+        protector = self.protector
+        # Without a provider for the channel in this process the delivery waits like the
+        # synchronous path's (due at the stale window, reason saying why).
+        reason = None if sendable else f"deferred: no {message.channel} provider in this process"
+        due = (
+            now
+            if sendable
+            else now + dt.timedelta(seconds=self.config.retry.stale_in_progress_seconds)
+        )
+        news = [
+            dlog.NewDelivery(
+                id=uuid.uuid4(),
+                position=r.position,
+                recipient_hash=h,
+                recipient_encrypted=protector.encrypt(r.address.display),
+                derived_key=derived_key(
+                    protector,
+                    message.client_id,
+                    message.idempotency_key,
+                    message.channel,
+                    r.address.key,
+                ),
+                status=st.QUEUED,
+                reason=reason,
+                next_attempt_at=due,
+            )
+            for r, h in zip(recipients, hashes, strict=True)
+        ]
+        async with pg_connection(self.dispatcher.engine) as conn:
+            verdicts = await dlog.claim(
+                conn,
+                message,
+                news,
+                priority_rank=st.PRIORITY_RANK[message.priority],
+                now=now,
+                complete=True,
+            )
+            if verdicts is None:
+                return await self._duplicate(
+                    conn, message.client_id, message.idempotency_key, message.fingerprint
+                )
+        if self.on_queued is not None and any(v[0] == st.QUEUED for v in verdicts.values()):
+            self.on_queued(message.priority)
+        body = MessageCreated(
+            id=message.id,
+            deliveries=[
+                DeliveryAnswer(
+                    id=d.id,
+                    to=r.address.display,
+                    status=cast(DeliveryStatusName, verdicts[d.id][0]),
+                    reason=verdicts[d.id][1],
+                )
+                for d, r in zip(news, recipients, strict=True)
+            ],
+        )
+        return SendAnswer(202, body, asynchronous=True)
 
     async def _send_waves(
         self, calls: Sequence[Call], wave: int, message_id: uuid.UUID
