@@ -26,6 +26,7 @@ from retry.ratelimit import RateLimiter, build_limiter
 from retry.shared import SharedStateOutage, SharedStateUnavailable
 from retry.worker import Dispatch
 from sender import log as delivery_log
+from sender.campaigns import CampaignService
 from sender.dispatch import Dispatcher, SenderConfig
 from sender.mailbox import Mailbox
 from sender.mailbox_api import MailboxContext
@@ -72,6 +73,8 @@ class Services:
     suppression: SuppressionContext
     # The delivery log's operations for the retry package (`sender.log` implements them).
     delivery_queue: DeliveryQueue
+    # Campaigns (bulk sends): the API's service and the expansion job.
+    campaigns: CampaignService
     # The sandbox mailbox's store and channels; None when no provider is the sandbox.
     sandbox_mailbox: MailboxContext | None = None
     # httpx transport for SNS SubscribeURL confirmations (tests inject one); None = network.
@@ -197,6 +200,7 @@ def build_services(settings: Settings, database_url: str) -> Services:
             actor_of=_actor_of,
         ),
         delivery_queue=delivery_log,
+        campaigns=CampaignService(send_service, batch=settings.campaign_batch),
         sandbox_mailbox=(
             MailboxContext(mailbox, runner, sandbox_channels) if sandbox_channels else None
         ),
