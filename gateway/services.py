@@ -27,6 +27,7 @@ from retry.shared import SharedStateOutage, SharedStateUnavailable
 from retry.wakeup import Wakeup
 from retry.worker import Dispatch
 from sender import log as delivery_log
+from sender.campaigns import CampaignService
 from sender.dispatch import Dispatcher, SenderConfig
 from sender.mailbox import Mailbox
 from sender.mailbox_api import MailboxContext
@@ -75,6 +76,8 @@ class Services:
     delivery_queue: DeliveryQueue
     # Wakes the retry worker's lanes when deliveries were queued due now (retry.wakeup).
     wakeup: Wakeup
+    # Campaigns (bulk sends): the API's service and the expansion job.
+    campaigns: CampaignService
     # The sandbox mailbox's store and channels; None when no provider is the sandbox.
     sandbox_mailbox: MailboxContext | None = None
     # httpx transport for SNS SubscribeURL confirmations (tests inject one); None = network.
@@ -206,6 +209,7 @@ def build_services(settings: Settings, database_url: str) -> Services:
         ),
         delivery_queue=delivery_log,
         wakeup=wakeup,
+        campaigns=CampaignService(send_service, batch=settings.campaign_batch),
         sandbox_mailbox=(
             MailboxContext(mailbox, runner, sandbox_channels) if sandbox_channels else None
         ),

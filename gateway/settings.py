@@ -102,6 +102,10 @@ class Settings:
     sandbox_feedback_delay_seconds: float = 0.2
     # AWS_REGION (or AWS_DEFAULT_REGION): the SES region.
     aws_region: str | None = None
+    # Campaigns (sender.campaigns): recipients expanded into deliveries per transaction, and
+    # how often an idle expansion job looks for work.
+    campaign_batch: int = 5000
+    campaign_poll_seconds: float = 1.0
 
     @property
     def embedded_database(self) -> bool:
@@ -373,6 +377,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             env, "GATEWAY_SANDBOX_FEEDBACK_DELAY_SECONDS", 0.2, float, 0.0
         ),
         aws_region=_str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION"),
+        campaign_batch=_number(env, "GATEWAY_CAMPAIGN_BATCH", 5000, int, 1),
+        campaign_poll_seconds=_number(env, "GATEWAY_CAMPAIGN_POLL_SECONDS", 1.0, float, 0.01),
     )
     _check_consistency(settings, env)
     return settings

@@ -1,4 +1,5 @@
-"""Background work of a gateway process: the retry worker and the stale-attempt sweeper.
+"""Background work of a gateway process: the retry worker, the stale-attempt sweeper and the
+campaigns' expansion job.
 
 The `retry` package owns the worker loop (`retry.worker.Worker`); this module only hands it
 its adapters: the engine, the delivery log's queue operations, the settings and the send
@@ -47,9 +48,22 @@ def build_worker(services: Services) -> Worker:
 
 
 async def run_worker(services: Services) -> None:
-    """Run the retry worker (and its sweeper) until cancelled; cancelling stops it gracefully:
-    claimed deliveries not yet dispatched go back on the queue, calls under way may finish."""
-    await build_worker(services).run()
+    """Run the retry worker (and its sweeper) and the campaigns' expansion job until
+    cancelled; cancelling stops them gracefully: claimed deliveries not yet dispatched go
+    back on the queue, calls under way may finish, an expansion batch under way is rolled
+    back (and redone by the next run)."""
+    expansion = asyncio.create_task(run_campaigns(services))
+    try:
+        await build_worker(services).run()
+    finally:
+        expansion.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await expansion
+
+
+async def run_campaigns(services: Services) -> None:
+    """The campaigns' expansion job (`sender.campaigns.CampaignService.run`)."""
+    await services.campaigns.run(poll_seconds=services.settings.campaign_poll_seconds)
 
 
 async def run_worker_until_signalled(services: Services) -> None:

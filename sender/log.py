@@ -1088,3 +1088,105 @@ async def dead_letter(
         history=dead.history,
         now=now,
     )
+
+
+# -- campaigns (sender.campaigns) -------------------------------------------------------------
+
+
+async def insert_campaign_message(conn: Pg, message: NewMessage, *, now: dt.datetime) -> None:
+    """The `messages` row holding a campaign's content (its deliveries come by expansion).
+
+    Written `completed`: nothing waits on it the way a send request's row does. Its
+    Idempotency-Key is the campaign's own name for it (see `sender.campaigns`)."""
+    await conn.execute(
+        "INSERT INTO messages (id, client_id, idempotency_key, fingerprint, state, channel, "
+        "category, topic, priority, expires_at, content_encrypted, metadata, created_at, "
+        "completed_at) VALUES ($1, $2, $3, $4, 'completed', $5, $6, $7, $8, $9, $10, $11, $12, "
+        "$12)",
+        message.id,
+        message.client_id,
+        message.idempotency_key,
+        message.fingerprint,
+        message.channel,
+        message.category,
+        message.topic,
+        message.priority,
+        message.expires_at,
+        message.content_encrypted,
+        jsonb(message.metadata),
+        now,
+    )
+
+
+def campaign_deliveries_sql(
+    *,
+    source: str,
+    hits: str,
+    message_id: str,
+    channel: str,
+    category: str,
+    topic: str,
+    priority_rank: str,
+    expires_at: str,
+    now: str,
+) -> str:
+    """The INSERT of a batch of campaign deliveries, as a CTE body another statement embeds
+    (the expansion in `sender.campaigns`, which takes its recipients and the suppression
+    verdicts in the same statement).
+
+    `source` names a relation of (position, hash, enc, key) rows; `hits` one of suppression
+    verdicts (address_hash, id, reason). Suppressed recipients get a final `suppressed`
+    delivery, the others a `queued` one that is due now, which the retry worker sends. A
+    derived key that exists already (a batch expanded twice) inserts nothing. Yields the
+    inserted rows' `status`.
+    """
+    return (
+        "INSERT INTO deliveries (id, message_id, position, channel, recipient_hash, "
+        "recipient_encrypted, derived_key, status, reason, suppression_id, category, topic, "
+        "priority_rank, expires_at, attempts, next_attempt_at, created_at, updated_at) "
+        f"SELECT gen_random_uuid(), {message_id}, r.position, {channel}, r.hash, r.enc, r.key, "
+        "CASE WHEN h.id IS NULL THEN 'queued' ELSE 'suppressed' END, h.reason, h.id, "
+        f"{category}, {topic}, {priority_rank}, {expires_at}, 0, "
+        f"CASE WHEN h.id IS NULL THEN {now} END, {now}, {now} "
+        f"FROM {source} r LEFT JOIN {hits} h ON h.address_hash = r.hash "
+        "ON CONFLICT (derived_key) DO NOTHING RETURNING status"
+    )
+
+
+async def cancel_queued(conn: Pg, message_id: uuid.UUID, *, reason: str, now: dt.datetime) -> int:
+    """Make every delivery of the message still `queued` `cancelled` (final, never sent).
+
+    A worker that claimed one already finds it changed when it writes its attempt
+    (`begin_attempt` wants the status it read) and sends nothing. Returns how many."""
+    result = await conn.execute(
+        "UPDATE deliveries SET status = 'cancelled', reason = $2, next_attempt_at = NULL, "
+        "updated_at = $3 WHERE message_id = $1 AND status = 'queued'",
+        message_id,
+        reason,
+        now,
+    )
+    return int(result.rsplit(" ", 1)[-1])
+
+
+async def status_counts(conn: Pg, message_id: uuid.UUID) -> dict[str, int]:
+    """How many deliveries of the message are in each status."""
+    rows = await conn.fetch(
+        "SELECT status, count(*) FROM deliveries WHERE message_id = $1 GROUP BY status",
+        message_id,
+    )
+    return {r[0]: int(r[1]) for r in rows}
+
+
+_UNFINISHED = sorted(st.DEFERRED)
+
+
+async def any_unfinished(conn: Pg, message_id: uuid.UUID) -> bool:
+    """Whether a delivery of the message is not final yet (queued, sending, unknown,
+    retrying)."""
+    found = await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM deliveries WHERE message_id = $1 "
+        "AND status = ANY($2::text[]))",
+        message_id,
+        _UNFINISHED,
+    )
+    return bool(found)

@@ -72,8 +72,8 @@ class Delivery(Base):
     message_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("messages.id", ondelete="CASCADE"), index=True
     )
-    # Index of the recipient in the request's `to` list.
-    position: Mapped[int] = mapped_column(SmallInteger, default=0)
+    # Index of the recipient in the request's `to` list (a campaign's: in its uploaded list).
+    position: Mapped[int] = mapped_column(Integer, default=0)
     channel: Mapped[str] = mapped_column(String(16))
     recipient_hash: Mapped[str] = mapped_column(String(64))
     # Fernet ciphertext of the normalized recipient; NULL after erasure.
@@ -180,3 +180,73 @@ class SandboxMessage(Base):
     # Due time of the next callback not yet delivered; NULL when all were.
     next_callback_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Campaign(Base):
+    """One content sent to a large recipient list (`POST /v1/campaigns`).
+
+    The content lives on its `messages` row (one per campaign; the campaign's deliveries
+    hang off it like any message's). Every statement on it lives in `sender/campaigns.py`.
+    """
+
+    __tablename__ = "campaigns"
+    __table_args__ = (
+        UniqueConstraint(
+            "client_id", "idempotency_key", name="uq_campaigns_client_idempotency_key"
+        ),
+        Index("ix_campaigns_created", "created_at", "id"),
+        Index("ix_campaigns_client_created", "client_id", "created_at", "id"),
+        # The expansion job's look-up: campaigns with work left (few rows).
+        Index(
+            "ix_campaigns_active",
+            "state",
+            postgresql_where=text("state IN ('expanding', 'sending')"),
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    client_id: Mapped[uuid.UUID] = mapped_column()
+    idempotency_key: Mapped[str] = mapped_column(Text)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    message_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("messages.id", ondelete="CASCADE"), unique=True
+    )
+    # draft | expanding | sending | done | cancelled
+    state: Mapped[str] = mapped_column(String(16), default="draft")
+    # What the last recipient upload counted (records read, invalid ones, duplicates).
+    read_count: Mapped[int] = mapped_column(Integer, default=0)
+    invalid_count: Mapped[int] = mapped_column(Integer, default=0)
+    duplicate_count: Mapped[int] = mapped_column(Integer, default=0)
+    # The expansion cursor: every recipient at or below this position has its delivery.
+    expanded_position: Mapped[int] = mapped_column(Integer, default=-1)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class CampaignRecipient(Base):
+    """One normalized, distinct recipient of a campaign's uploaded list.
+
+    Stored like a delivery's recipient: keyed hash for look-ups (and the suppression check),
+    Fernet ciphertext of the address (NULL after erasure), and the derived key the delivery
+    gets, so the expansion is set-based SQL without decrypting anything.
+    """
+
+    __tablename__ = "campaign_recipients"
+    __table_args__ = (
+        UniqueConstraint(
+            "campaign_id", "recipient_hash", name="uq_campaign_recipients_campaign_id"
+        ),
+    )
+
+    campaign_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("campaigns.id", ondelete="CASCADE"), primary_key=True
+    )
+    # The record's index in the uploaded list (0-based; invalid and duplicate records leave
+    # gaps), the expansion's cursor and the delivery's `position`.
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    recipient_hash: Mapped[str] = mapped_column(String(64))
+    recipient_encrypted: Mapped[str | None] = mapped_column(Text)
+    derived_key: Mapped[str] = mapped_column(String(64))
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONB)

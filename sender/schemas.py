@@ -27,6 +27,7 @@ DeliveryStatusName = Literal[
     "failed",
     "suppressed",
     "dead",
+    "cancelled",
 ]
 AttemptStatusName = Literal["in_progress", "accepted", "transient", "failed", "deferred", "unknown"]
 DispositionName = Literal["applied", "duplicate", "regression", "parked", "ignored"]
@@ -178,3 +179,111 @@ class MessageView(msgspec.Struct, kw_only=True):
     created_at: dt.datetime
     completed_at: dt.datetime | None
     deliveries: list[DeliveryView]
+
+
+# -- campaigns ------------------------------------------------------------------------------
+
+CampaignStateName = Literal["draft", "expanding", "sending", "done", "cancelled"]
+
+
+class CreateCampaign(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Body of `POST /v1/campaigns`: the content and options of `POST /v1/messages` without
+    `to` (the recipients come with `PUT /v1/campaigns/{id}/recipients`).
+
+    The same rules as for a message: no NUL, other C0 control character or lone surrogate;
+    tab and line breaks only in `text`, `html` and `body` (422 otherwise).
+    """
+
+    channel: Channel
+    from_: Annotated[str, msgspec.Meta(max_length=MAX_FROM)] | None = msgspec.field(
+        default=None, name="from"
+    )
+    subject: Annotated[str, msgspec.Meta(max_length=MAX_SUBJECT)] | None = None
+    text: Annotated[str, msgspec.Meta(max_length=MAX_EMAIL_PART)] | None = None
+    html: Annotated[str, msgspec.Meta(max_length=MAX_EMAIL_PART)] | None = None
+    reply_to: Annotated[list[Address], msgspec.Meta(max_length=MAX_REPLY_TO)] | Address | None = (
+        None
+    )
+    body: Annotated[str, msgspec.Meta(max_length=MAX_SMS_BODY)] | None = None
+    category: Category = "transactional"
+    topic: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TOPIC)] | None = None
+    priority: Priority = "normal"
+    expires_at: dt.datetime | None = None
+    metadata: (
+        Annotated[dict[MetadataKey, MetadataValue], msgspec.Meta(max_length=MAX_METADATA_KEYS)]
+        | None
+    ) = None
+
+
+class CampaignCreated(msgspec.Struct, kw_only=True):
+    """Answer to `POST /v1/campaigns` (a replay answers the campaign's current state)."""
+
+    id: uuid.UUID
+    state: CampaignStateName
+
+
+class RecipientsLoaded(msgspec.Struct, kw_only=True):
+    """Answer to `PUT /v1/campaigns/{id}/recipients`: records read (valid or not), records
+    refused (invalid address, malformed line), and repeats of an address already listed."""
+
+    recipients_read: int
+    invalid: int
+    duplicates: int
+
+
+class CampaignCounts(msgspec.Struct, kw_only=True):
+    """What became of a campaign's list: the upload's counts (`read`, `invalid`,
+    `duplicate`) and its deliveries by status (`queued` counts every one not final yet)."""
+
+    read: int
+    invalid: int
+    duplicate: int
+    suppressed: int
+    queued: int
+    sent: int
+    delivered: int
+    bounced: int
+    complained: int
+    failed: int
+    cancelled: int
+
+
+class CampaignView(msgspec.Struct, kw_only=True):
+    """Answer to `GET /v1/campaigns/{id}`."""
+
+    id: uuid.UUID
+    message_id: uuid.UUID
+    state: CampaignStateName
+    channel: Channel
+    category: Category
+    topic: str | None
+    priority: Priority
+    expires_at: dt.datetime | None
+    metadata: dict[str, Any]
+    counts: CampaignCounts
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+
+
+class CampaignSummary(msgspec.Struct, kw_only=True):
+    """A campaign in `GET /v1/campaigns` (its delivery counts: `GET /v1/campaigns/{id}`)."""
+
+    id: uuid.UUID
+    message_id: uuid.UUID
+    state: CampaignStateName
+    channel: Channel
+    category: Category
+    recipients_read: int
+    invalid: int
+    duplicates: int
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+
+
+class CampaignPage(msgspec.Struct, kw_only=True):
+    """A page of campaigns, newest first; pass `next_cursor` as `cursor` for the next one."""
+
+    items: list[CampaignSummary]
+    next_cursor: str | None

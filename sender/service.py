@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import msgspec
 from sqlalchemy import select
@@ -53,6 +53,7 @@ from sender.schemas import (
     AttemptView,
     Category,
     Channel,
+    CreateCampaign,
     DeliveryAnswer,
     DeliveryStatusName,
     DeliveryView,
@@ -68,6 +69,9 @@ from suppression.models import Suppression
 from suppression.normalize import Address, InvalidAddress, normalize, normalize_email
 
 log = logging.getLogger("gateway.sender")
+
+# A send request or a campaign: the content and options they share are checked alike.
+_Request = TypeVar("_Request", SendMessage, CreateCampaign)
 
 # Reads the provider events recorded for deliveries (the webhooks package owns them; the
 # composition root hands this in): rows with id, delivery_id, provider, provider_event_id,
@@ -402,7 +406,16 @@ class SendService:
             )
         return result
 
-    def _content(self, request: SendMessage) -> dict[str, Any]:
+    def content_of(self, request: SendMessage | CreateCampaign) -> dict[str, Any]:
+        """The content of a send or a campaign, checked (422 `SendProblem` otherwise)."""
+        return self._content(request)
+
+    def checked_options(self, request: _Request, now: dt.datetime) -> _Request:
+        """The deadline and metadata of a send or a campaign checked (422 otherwise), with
+        `expires_at` in UTC."""
+        return self._check_rest(request, now)
+
+    def _content(self, request: SendMessage | CreateCampaign) -> dict[str, Any]:
         errors: list[dict[str, str]] = []
 
         def bad(field_name: str, problem: str) -> None:
@@ -452,7 +465,7 @@ class SendService:
             )
         return content
 
-    def _check_rest(self, request: SendMessage, now: dt.datetime) -> SendMessage:
+    def _check_rest(self, request: _Request, now: dt.datetime) -> _Request:
         """Check the deadline and metadata; returns the request with `expires_at` in UTC."""
         problems: list[dict[str, str]] = []
         expires_at = request.expires_at

@@ -2,7 +2,8 @@
 
 The gateway's own states (`queued`, `sending`, `unknown`, `retrying`, `dead`) say where a
 delivery is in our pipeline; the provider states (`sent` .. `complained`, `failed`) say what
-the provider told us; `suppressed` means the provider was never called.
+the provider told us; `suppressed` means the provider was never called, and so does
+`cancelled` (a campaign delivery still `queued` when its campaign was cancelled).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class DeliveryStatus(StrEnum):
     FAILED = "failed"
     SUPPRESSED = "suppressed"
     DEAD = "dead"
+    CANCELLED = "cancelled"
 
 
 QUEUED = DeliveryStatus.QUEUED.value
@@ -41,6 +43,7 @@ COMPLAINED = DeliveryStatus.COMPLAINED.value
 FAILED = DeliveryStatus.FAILED.value
 SUPPRESSED = DeliveryStatus.SUPPRESSED.value
 DEAD = DeliveryStatus.DEAD.value
+CANCELLED = DeliveryStatus.CANCELLED.value
 
 ALL: tuple[str, ...] = tuple(s.value for s in DeliveryStatus)
 
@@ -49,6 +52,9 @@ GATEWAY_STATES: frozenset[str] = frozenset({QUEUED, SENDING, UNKNOWN, RETRYING, 
 
 # Waiting for another attempt or for a settle window: the send answer was "deferred" (202).
 DEFERRED: frozenset[str] = frozenset({QUEUED, SENDING, UNKNOWN, RETRYING})
+
+# Final without a provider call: no provider callback moves a delivery out of these.
+NEVER_SENT: frozenset[str] = frozenset({SUPPRESSED, CANCELLED})
 
 # A delivery in one of these may be handed to the provider by `dispatch`.
 DISPATCHABLE: frozenset[str] = frozenset({QUEUED, RETRYING, UNKNOWN})

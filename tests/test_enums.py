@@ -17,7 +17,7 @@ import yaml
 from gateway.keys import SCOPES
 from retry import dlq
 from retry.breaker import STATES as BREAKER_STATES
-from sender import schemas
+from sender import campaigns, schemas
 from sender import status as st
 from suppression import service, views
 from suppression.normalize import CHANNELS
@@ -30,6 +30,7 @@ OPENAPI = yaml.safe_load((ROOT / "openapi.yaml").read_text())
 # name -> (the values in code, the type the API answers with or None)
 ENUMS: dict[str, tuple[tuple[str, ...], Any]] = {
     "delivery status": (st.ALL, schemas.DeliveryStatusName),
+    "campaign state": (campaigns.STATES, schemas.CampaignStateName),
     "attempt status": (tuple(s.value for s in st.AttemptStatus), schemas.AttemptStatusName),
     "event disposition": (DISPOSITIONS, schemas.DispositionName),
     "channel": (CHANNELS, views.ChannelName),
@@ -49,6 +50,9 @@ ENUMS: dict[str, tuple[tuple[str, ...], Any]] = {
 OPENAPI_FIELDS: dict[tuple[str, str], str] = {
     ("DeliveryAnswer", "status"): "delivery status",
     ("DeliveryView", "status"): "delivery status",
+    ("CampaignView", "state"): "campaign state",
+    ("CampaignSummary", "state"): "campaign state",
+    ("CampaignCreated", "state"): "campaign state",
     ("AttemptView", "status"): "attempt status",
     ("EventView", "disposition"): "event disposition",
     ("MessageView", "channel"): "channel",

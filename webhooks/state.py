@@ -21,8 +21,8 @@ rank     email (SES)                 SMS (Twilio)
 
 ``transient`` is a provider state of one attempt (the provider gave up on that message but
 another attempt may succeed); the delivery then shows ``retrying`` (or ``dead`` when the
-retry budget is spent). ``suppressed`` never moves. Engagement events (open, click) have
-no state and never move anything.
+retry budget is spent). ``suppressed`` and ``cancelled`` never move. Engagement events
+(open, click) have no state and never move anything.
 
 Ranks apply per attempt. The delivery shows the state of its latest attempt; a callback for
 an older attempt only advances that attempt, except that a positive outcome (sent and up,
@@ -43,11 +43,11 @@ from sender.status import (
     DELIVERED,
     FAILED,
     GATEWAY_STATES,
+    NEVER_SENT,
     READ,
     RETRYING,
     SENDING,
     SENT,
-    SUPPRESSED,
 )
 
 EMAIL = "email"
@@ -145,7 +145,9 @@ def step(
         return Step(DUPLICATE, attempt_state, None)
     if new_rank < old_rank:
         return Step(REGRESSION, attempt_state, None)
-    if delivery_status == SUPPRESSED:
+    if delivery_status in NEVER_SENT:
+        # Suppressed or cancelled: the delivery was never handed to the provider by us, so
+        # a callback (for an older attempt) is recorded on that attempt only.
         return Step(APPLIED, new_state, None)
     if latest:
         if new_state == TRANSIENT:
