@@ -72,6 +72,7 @@ SCENARIOS = (
     "workers",
     "import_export",
     "memory",
+    "campaign",
 )
 
 
@@ -780,6 +781,12 @@ class Bench:
             )
         stop(gw.proc)
 
+    def run_campaign(self) -> None:
+        """Campaign scale: benchmarks/campaign.py."""
+        from benchmarks.campaign import run_campaign
+
+        run_campaign(self)
+
     def botocore_cpu(self) -> None:
         """CPU time of one boto3 SESv2 send_email call against the stub (in this process)."""
         import boto3
@@ -888,6 +895,7 @@ class Bench:
             ("check", self.run_check_bulk),
             ("import_export", self.run_import_export),
             ("memory", self.run_memory),
+            ("campaign", self.run_campaign),
         ):
             if self.wants(name):
                 try:
@@ -1000,6 +1008,9 @@ class Bench:
                     note="" if self.extra.get("workers_supported") else "no --workers flag",
                 )
             )
+        from benchmarks.campaign import campaign_rows
+
+        rows += campaign_rows(self, ins)
         if "memory" in self.extra:
             mem = self.extra["memory"]
             rows.append(Row("RSS after 1,000 sends", mem["after_1000"], "MB"))
@@ -1105,6 +1116,11 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=900.0,
         help="time cap of the memory scenario's sends (the figure says how many were made)",
+    )
+    parser.add_argument(
+        "--campaign-size",
+        type=int,
+        help="recipients of the campaign scenario (default 200,000; --quick 20,000)",
     )
     parser.add_argument("--output", type=Path, default=RESULTS / "latest.json")
     parser.add_argument(
