@@ -234,6 +234,7 @@ def _retry(env: Mapping[str, str]) -> RetrySettings:
         ),
         rate_limits=_parsed(env, "GATEWAY_RATE_LIMITS", parse_rate_limits, d.rate_limits),
         low_priority_share=_share(env, "GATEWAY_RATE_LOW_SHARE", d.low_priority_share),
+        normal_priority_share=_share(env, "GATEWAY_RATE_NORMAL_SHARE", d.normal_priority_share),
         defer_seconds=_number(env, "GATEWAY_RETRY_DEFER_SECONDS", d.defer_seconds, float, 0.0),
         max_deferral_seconds=_number(
             env, "GATEWAY_RETRY_MAX_DEFERRAL_SECONDS", d.max_deferral_seconds, float, 1.0

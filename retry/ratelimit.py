@@ -8,9 +8,12 @@ counting an attempt. A bucket refills `rate` tokens per second up to its capacit
 
 Priority reservation: `low` may only take a token while the bucket keeps at least
 `(1 - low_share) * capacity` tokens after taking it, so a campaign can use at most `low_share`
-of a bucket and an OTP (`high`) still finds a token under a full low-priority load. `normal`
-and `high` may use the whole bucket. Capacities are raised where needed so that the reserve
-holds at least one whole token and low priority can take at least one.
+of a bucket and an OTP (`high`) still finds a token under a full low-priority load. Capacities
+are raised where needed so that this reserve holds at least one whole token and low priority
+can take at least one. `normal` must leave the whole tokens of `(1 - normal_share) *
+capacity` (none in a bucket of fewer than 1 / (1 - normal_share) tokens), so a campaign sent
+at `normal` priority (the default of a campaign) does not empty the bucket an OTP needs
+either; `high` may use the whole bucket.
 
 Two implementations with one interface: `RedisTokenBucket` (one atomic Lua script, shared by
 every process; the clock is Redis's own unless one is injected) and `InProcessTokenBucket`.
@@ -57,31 +60,43 @@ class Bucket:
     capacity: float
     # Tokens a low-priority take must leave in the bucket.
     low_reserve: float
+    # Tokens a normal-priority take must leave in the bucket (kept for high).
+    high_reserve: float = 0.0
 
     def floor_for(self, priority: str) -> float:
         """Tokens that must remain after a take at this priority."""
         if priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}")
-        return self.low_reserve if priority == "low" else 0.0
+        if priority == "low":
+            return max(self.low_reserve, self.high_reserve)
+        return self.high_reserve if priority == "normal" else 0.0
 
 
-def bucket_for(spec: RateSpec, low_share: float) -> Bucket:
+def bucket_for(spec: RateSpec, low_share: float, normal_share: float = 1.0) -> Bucket:
     """The bucket for a configured rate: capacity defaults to one second's worth of tokens."""
     capacity = spec.burst if spec.burst is not None else max(spec.rate, 1.0)
     if low_share < 1.0:
         # Keep >= 1 whole token for high/normal and let low take >= 1 token.
         capacity = max(capacity, 1.0 / (1.0 - low_share), 1.0 / low_share)
         capacity = float(math.ceil(capacity - _EPSILON))
-    return Bucket(spec.rate, capacity, (1.0 - low_share) * capacity)
+    # Whole tokens only: a small bucket keeps its behaviour for normal sends.
+    high_reserve = float(math.floor((1.0 - normal_share) * capacity + _EPSILON))
+    return Bucket(spec.rate, capacity, (1.0 - low_share) * capacity, high_reserve)
 
 
 class BucketConfig:
     """Resolves a key to its bucket: exact key first, then `<provider>:*`, else unlimited."""
 
-    def __init__(self, limits: Mapping[str, RateSpec], low_share: float) -> None:
+    def __init__(
+        self, limits: Mapping[str, RateSpec], low_share: float, normal_share: float = 1.0
+    ) -> None:
         if not 0.0 < low_share <= 1.0:
             raise ValueError("low_share must be in (0, 1]")
-        self._buckets = {key: bucket_for(spec, low_share) for key, spec in limits.items()}
+        if not 0.0 < normal_share <= 1.0:
+            raise ValueError("normal_share must be in (0, 1]")
+        self._buckets = {
+            key: bucket_for(spec, low_share, normal_share) for key, spec in limits.items()
+        }
 
     def lookup(self, key: str) -> Bucket | None:
         """The bucket for `key`, or None when the key is not limited."""
@@ -110,9 +125,14 @@ class InProcessTokenBucket:
     """Buckets in this process's memory (no Redis): same rules, not shared."""
 
     def __init__(
-        self, limits: Mapping[str, RateSpec], *, low_share: float = 0.6, clock: Clock | None = None
+        self,
+        limits: Mapping[str, RateSpec],
+        *,
+        low_share: float = 0.6,
+        normal_share: float = 0.9,
+        clock: Clock | None = None,
     ) -> None:
-        self._config = BucketConfig(limits, low_share)
+        self._config = BucketConfig(limits, low_share, normal_share)
         self._clock = clock or time.monotonic
         self._state: dict[str, tuple[float, float]] = {}
 
@@ -185,10 +205,11 @@ class RedisTokenBucket:
         *,
         prefix: str = "gw:",
         low_share: float = 0.6,
+        normal_share: float = 0.9,
         clock: Clock | None = None,
         outage: SharedStateOutage | None = None,
     ) -> None:
-        self._config = BucketConfig(limits, low_share)
+        self._config = BucketConfig(limits, low_share, normal_share)
         self._outage = outage or SharedStateOutage()
         self._redis = redis
         self._prefix = prefix
@@ -254,11 +275,15 @@ def build_limiter(
             settings.rate_limits,
             prefix=prefix,
             low_share=settings.low_priority_share,
+            normal_share=settings.normal_priority_share,
             clock=clock,
             outage=outage,
         )
     return InProcessTokenBucket(
-        settings.rate_limits, low_share=settings.low_priority_share, clock=clock
+        settings.rate_limits,
+        low_share=settings.low_priority_share,
+        normal_share=settings.normal_priority_share,
+        clock=clock,
     )
 
 

@@ -65,6 +65,9 @@ class RetrySettings:
     rate_limits: Mapping[str, RateSpec] = field(default_factory=_default_rate_limits)
     # Share of a bucket that low-priority sends may use; the rest is kept for high/normal.
     low_priority_share: float = 0.6
+    # Share of a bucket that normal-priority sends may use; the rest (whole tokens) is kept
+    # for high (an OTP is not held up by a campaign sent at normal priority).
+    normal_priority_share: float = 0.9
     # How far a send that found no token or an open breaker is pushed back (not an attempt).
     defer_seconds: float = 1.0
     # How long a delivery may wait without any provider answer about it (deferred by a rate

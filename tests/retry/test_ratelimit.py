@@ -52,11 +52,11 @@ async def _drain(limiter: RateLimiter, key: str, priority: str) -> int:
 async def test_burst_then_refill_at_the_rate(make_limiter: Factory) -> None:
     clock = FakeClock()
     limiter = make_limiter({"ses": RateSpec(10.0, 20.0)}, clock)
-    assert await _drain(limiter, "ses", "normal") == 20
+    assert await _drain(limiter, "ses", "high") == 20
     clock.now += 0.5  # 5 tokens
     assert await _drain(limiter, "ses", "high") == 5
     clock.now += 100  # refill stops at the capacity
-    assert await _drain(limiter, "ses", "normal") == 20
+    assert await _drain(limiter, "ses", "high") == 20
     # a clock that goes backwards refills nothing
     clock.now -= 50
     assert not await limiter.acquire("ses", "high")
@@ -85,7 +85,28 @@ async def test_low_priority_uses_at_most_its_share(make_limiter: Factory) -> Non
     assert await _drain(limiter, "ses", "high") == 4
     clock.now += 0.3  # 3 tokens: below the reserve, so low still gets nothing
     assert not await limiter.acquire("ses", "low")
-    assert await _drain(limiter, "ses", "normal") == 3
+    # normal leaves 10 % (1 whole token) for high
+    assert await _drain(limiter, "ses", "normal") == 2
+    assert await _drain(limiter, "ses", "high") == 1
+
+
+async def test_normal_priority_leaves_a_tenth_of_the_bucket_for_high(
+    make_limiter: Factory,
+) -> None:
+    clock = FakeClock()
+    limiter = make_limiter({"twilio:*": RateSpec(500.0)}, clock)
+    key = "twilio:+15005550006"
+    # a campaign at normal priority takes all it may: 450 of the 500 tokens ...
+    assert await limiter.acquire_many(key, "normal", 1000) == 450
+    assert await limiter.acquire_many(key, "normal", 1) == 0
+    # ... and OTPs still find the other 50 at once
+    assert await limiter.acquire_many(key, "high", 60) == 50
+    # refilled: normal keeps taking at the full rate while the reserve is there
+    clock.now += 0.1  # 50 tokens
+    assert await limiter.acquire_many(key, "high", 1) == 1
+    assert await limiter.acquire_many(key, "normal", 100) == 0
+    clock.now += 1.0
+    assert await limiter.acquire_many(key, "normal", 1000) == 450
 
 
 async def test_an_otp_gets_a_token_under_a_full_low_priority_load(make_limiter: Factory) -> None:
@@ -109,7 +130,7 @@ async def test_keys_are_separate_and_unconfigured_keys_unlimited(make_limiter: F
     )
     assert await _drain(limiter, "twilio:+15550001", "normal") == 3
     assert await _drain(limiter, "twilio:+15550002", "normal") == 3
-    assert await _drain(limiter, "twilio:MG123", "normal") == 100
+    assert await _drain(limiter, "twilio:MG123", "high") == 100
     for _ in range(1000):
         assert await limiter.acquire("sandbox", "low")
     with pytest.raises(ValueError):
@@ -124,6 +145,12 @@ async def test_bucket_shapes() -> None:
     assert one.capacity == 3.0 and one.low_reserve >= 1.0
     assert bucket_for(RateSpec(1.0), 1.0).capacity == 1.0
     assert bucket_for(RateSpec(5.0, 2.0), 0.9).capacity == 10.0
+    # normal leaves whole tokens only: none in a bucket of fewer than 10 at share 0.9
+    assert bucket_for(RateSpec(1.0), 0.6, 0.9).high_reserve == 0.0
+    assert bucket_for(RateSpec(14.0), 0.6, 0.9).high_reserve == 1.0
+    assert bucket_for(RateSpec(500.0), 0.6, 0.9).floor_for("normal") == 50.0
+    assert bucket_for(RateSpec(500.0), 0.6, 0.9).floor_for("low") == 200.0
+    assert bucket_for(RateSpec(500.0), 0.6, 0.9).floor_for("high") == 0.0
 
 
 async def test_redis_buckets_are_shared_between_limiters(services: Services) -> None:
@@ -135,7 +162,7 @@ async def test_redis_buckets_are_shared_between_limiters(services: Services) -> 
     try:
         a = RedisTokenBucket(services.redis, limits, prefix=prefix)
         b = RedisTokenBucket(other, limits, prefix=prefix)
-        results = await asyncio.gather(*(lim.acquire("ses", "normal") for lim in [a, b] * 40))
+        results = await asyncio.gather(*(lim.acquire("ses", "high") for lim in [a, b] * 40))
     finally:
         await other.aclose()
     assert sum(results) == 50
@@ -179,3 +206,13 @@ async def test_redis_tokens_are_leased_briefly_and_never_exceed_the_shared_rate(
     # a second the bucket is full again and that is all anyone gets
     clock.now += 1.0
     assert await a.acquire_many("ses", "high", 10_000) == 1000
+
+
+def test_normal_share_setting() -> None:
+    from gateway.settings import SettingsError, load_settings
+
+    assert load_settings({}).retry.normal_priority_share == 0.9
+    assert load_settings({"GATEWAY_RATE_NORMAL_SHARE": "1"}).retry.normal_priority_share == 1.0
+    for bad in ("0", "1.5", "x"):
+        with pytest.raises(SettingsError, match="GATEWAY_RATE_NORMAL_SHARE"):
+            load_settings({"GATEWAY_RATE_NORMAL_SHARE": bad})
