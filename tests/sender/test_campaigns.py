@@ -327,3 +327,15 @@ async def test_list_and_visibility(gw: Gateway) -> None:
     assert len((await gw.client.get("/v1/campaigns", headers=admin)).json()["items"]) == 3
     r = await gw.client.get("/v1/campaigns", params={"cursor": "nope"}, headers=gw.headers)
     assert r.status_code == 400
+
+
+async def test_too_many_records_is_413_and_keeps_the_old_list(gw: Gateway) -> None:
+    campaign_id = await create(gw)
+    assert (await upload(gw, campaign_id, jsonl({"to": NUMBERS[0]}))).status_code == 200
+    gw.services.campaigns.max_recipients = 5
+    r = await upload(gw, campaign_id, jsonl(*({"to": n} for n in NUMBERS[:6])))
+    assert r.status_code == 413
+    assert r.json()["type"] == "urn:problem:too-many-recipients"
+    r = await upload(gw, campaign_id, jsonl(*({"to": n} for n in NUMBERS[:5])))
+    assert r.json() == {"recipients_read": 5, "invalid": 0, "duplicates": 0}
+    assert (await show(gw, campaign_id))["counts"]["read"] == 5
