@@ -14,9 +14,11 @@ A campaign is made in three calls (see `sender.campaigns_api`):
    second upload replaces the list atomically, a failed one leaves the old list, and `start`
    waits for an upload under way.
 3. `start` makes it `expanding`; the expansion job (`expand_once`, run by every worker
-   process) turns the list into deliveries `batch` recipients at a time. Each batch is one
-   transaction: the campaign row is locked (SKIP LOCKED: one process per campaign at a time),
-   and one statement takes the next recipients after the cursor, their suppression verdicts
+   process) turns the list into deliveries `batch` list positions at a time. Each batch is
+   one transaction: the campaign row is locked (SKIP LOCKED: one process per campaign at a
+   time), and one statement takes the recipients of the next `batch` positions after the
+   cursor (a range of the primary key: bounded work per batch whatever the table's
+   statistics say; invalid and duplicate records leave gaps), their suppression verdicts
    (set-based, the suppression package's query), inserts their deliveries (`queued` and due,
    or `suppressed`) and moves the cursor. A crash loses at most the uncommitted batch, which
    the next run redoes; derived keys are unique (ON CONFLICT DO NOTHING), so nothing is ever
@@ -381,8 +383,8 @@ _HITS = suppression.verdicts_sql(
 _EXPAND = f"""
 WITH r AS (
     SELECT position, recipient_hash AS hash, recipient_encrypted AS enc, derived_key AS key
-    FROM campaign_recipients WHERE campaign_id = $1 AND position > $2
-    ORDER BY position LIMIT $3
+    FROM campaign_recipients
+    WHERE campaign_id = $1 AND position > $2 AND position <= $2 + $3
 ), hits AS ({_HITS}), d AS ({
     dlog.campaign_deliveries_sql(
         source="r",
@@ -397,8 +399,8 @@ WITH r AS (
     )
 }), c AS (
     UPDATE campaigns SET
-        expanded_position = coalesce((SELECT max(position) FROM r), expanded_position),
-        state = CASE WHEN (SELECT count(*) FROM r) < $3 THEN 'sending' ELSE state END,
+        expanded_position = $2 + $3,
+        state = CASE WHEN $2 + $3 >= read_count - 1 THEN 'sending' ELSE state END,
         updated_at = $6
     WHERE id = $1
     RETURNING state

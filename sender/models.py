@@ -217,7 +217,8 @@ class Campaign(Base):
     read_count: Mapped[int] = mapped_column(Integer, default=0)
     invalid_count: Mapped[int] = mapped_column(Integer, default=0)
     duplicate_count: Mapped[int] = mapped_column(Integer, default=0)
-    # The expansion cursor: every recipient at or below this position has its delivery.
+    # The expansion cursor: every recipient at or below this list position has its delivery
+    # (it moves by GATEWAY_CAMPAIGN_BATCH positions a batch and may pass the list's end).
     expanded_position: Mapped[int] = mapped_column(Integer, default=-1)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
