@@ -339,3 +339,35 @@ async def test_too_many_records_is_413_and_keeps_the_old_list(gw: Gateway) -> No
     r = await upload(gw, campaign_id, jsonl(*({"to": n} for n in NUMBERS[:5])))
     assert r.json() == {"recipients_read": 5, "invalid": 0, "duplicates": 0}
     assert (await show(gw, campaign_id))["counts"]["read"] == 5
+
+
+async def test_erasure_reaches_a_campaign_list(gw: Gateway, twilio_stub: TwilioStub) -> None:
+    campaign_id = await create(gw)
+    await upload(
+        gw,
+        campaign_id,
+        jsonl({"to": NUMBERS[0], "metadata": {"name": "Ann"}}, {"to": NUMBERS[1]}),
+    )
+    admin = {"Authorization": f"Bearer {await gw.make_key('admin')}"}
+    r = await gw.client.delete(f"/v1/subjects/sms/{NUMBERS[0]}", headers=admin)
+    assert r.status_code == 200, r.text
+    assert r.json()["ciphertexts_destroyed"]["campaign_recipients"] == 1
+    async with pg_connection(gw.services.engine) as conn:
+        rows = await conn.fetch(
+            "SELECT position, recipient_encrypted, metadata FROM campaign_recipients "
+            "WHERE campaign_id = $1 ORDER BY position",
+            uuid.UUID(campaign_id),
+        )
+    assert (rows[0]["position"], rows[0]["recipient_encrypted"], rows[0]["metadata"]) == (
+        0,
+        None,
+        None,
+    )
+    assert rows[1]["recipient_encrypted"] is not None
+    await gw.client.post(f"/v1/campaigns/{campaign_id}/start", headers=gw.headers)
+    await expand_all(gw)
+    await drain(gw)
+    assert [call.body["To"] for call in twilio_stub.calls] == [NUMBERS[1]]
+    view = await show(gw, campaign_id)
+    assert (view["counts"]["sent"], view["counts"]["failed"]) == (1, 1)
+    assert view["state"] == "done"
