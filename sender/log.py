@@ -280,11 +280,15 @@ async def message(conn: Pg, message_id: uuid.UUID) -> MessageRow | None:
     return MessageRow(*row) if row is not None else None
 
 
-async def deliveries_of(conn: Pg, message_id: uuid.UUID) -> list[DeliveryRow]:
-    """The deliveries of a message in request order."""
+async def deliveries_of(
+    conn: Pg, message_id: uuid.UUID, *, limit: int | None = None
+) -> list[DeliveryRow]:
+    """The deliveries of a message in request order (the first `limit` of them)."""
     rows = await conn.fetch(
-        f"SELECT {_D} FROM deliveries d WHERE d.message_id = $1 ORDER BY d.position, d.created_at",
+        f"SELECT {_D} FROM deliveries d WHERE d.message_id = $1 ORDER BY d.position, d.created_at "
+        "LIMIT $2",
         message_id,
+        limit,
     )
     return [_delivery(r) for r in rows]
 

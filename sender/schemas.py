@@ -178,6 +178,8 @@ class MessageView(msgspec.Struct, kw_only=True):
     response_code: int | None
     created_at: dt.datetime
     completed_at: dt.datetime | None
+    # True when `deliveries` holds only the first 1,000 (a campaign's message).
+    deliveries_truncated: bool = False
     deliveries: list[DeliveryView]
 
 

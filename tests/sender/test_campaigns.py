@@ -371,3 +371,22 @@ async def test_erasure_reaches_a_campaign_list(gw: Gateway, twilio_stub: TwilioS
     view = await show(gw, campaign_id)
     assert (view["counts"]["sent"], view["counts"]["failed"]) == (1, 1)
     assert view["state"] == "done"
+
+
+async def test_the_message_view_of_a_large_campaign_shows_the_first_1000_deliveries(
+    gw: Gateway,
+) -> None:
+    body = {"channel": "email", "subject": "Sale", "text": "20% off", "category": "marketing"}
+    campaign_id = await create(gw, body)
+    await upload(gw, campaign_id, jsonl(*({"to": f"user{i}@example.com"} for i in range(1001))))
+    await gw.client.post(f"/v1/campaigns/{campaign_id}/start", headers=gw.headers)
+    await expand_all(gw, batch=500)
+    view = await show(gw, campaign_id)
+    assert view["counts"]["queued"] == 1001
+    r = await gw.client.get(f"/v1/messages/{view['message_id']}", headers=gw.headers)
+    assert r.status_code == 200
+    assert r.json()["deliveries_truncated"] is True
+    deliveries = r.json()["deliveries"]
+    assert len(deliveries) == 1000
+    assert deliveries[0]["to"] == "user0@example.com"
+    assert deliveries[-1]["to"] == "user999@example.com"
