@@ -273,7 +273,54 @@ async def read_feed(
     return events, encode_cursor(*max((xid, seq), (horizon, 0)))
 
 
-async def prune(conn: Pg, *, before: dt.datetime, batch: int = 10_000) -> int:
+_SINCE = f"""
+SELECT NULL::bigint AS xmin, {_COLUMNS}
+FROM events e LEFT JOIN messages m ON m.id = e.message_id
+WHERE e.occurred_at >= $1 AND e.id > $2
+  AND ($3::uuid IS NULL OR e.message_owner = $3::uuid OR e.message_owner IS NULL)
+  AND ($4::text[] IS NULL OR e.type = ANY($4::text[]))
+ORDER BY e.id
+LIMIT $5
+"""  # noqa: S608  (only the column list constant is interpolated)
+
+
+async def events_since(
+    conn: Pg,
+    *,
+    since: dt.datetime,
+    after_id: int = 0,
+    limit: int,
+    client_id: uuid.UUID | None,
+    types: Collection[str] | None,
+    protector: AddressProtector,
+) -> list[Event]:
+    """Events that occurred at or after `since` (for a replay), in id order, after row id
+    `after_id` (page with the last event's `parse_event_id`). Visibility as in `read_feed`;
+    not commit-ordered (a replay is a one-off sweep of what is committed now)."""
+    wanted = check_types(types)
+    rows = await conn.fetch(
+        _SINCE, since, after_id, client_id, sorted(wanted) if wanted is not None else None, limit
+    )
+    return [_event(r, protector) for r in rows]
+
+
+async def events_by_ids(
+    conn: Pg, ids: Collection[str], *, protector: AddressProtector
+) -> list[Event]:
+    """The events with these public ids that still exist, in id order (unknown ids skipped)."""
+    seqs = sorted({seq for seq in (parse_event_id(i) for i in ids) if seq is not None})
+    rows = await conn.fetch(
+        f"SELECT NULL::bigint AS xmin, {_COLUMNS} FROM events e "  # noqa: S608
+        "LEFT JOIN messages m ON m.id = e.message_id WHERE e.id = ANY($1::bigint[]) ORDER BY e.id",
+        seqs,
+    )
+    return [_event(r, protector) for r in rows]
+
+
+PRUNE_BATCH = 10_000
+
+
+async def prune(conn: Pg, *, before: dt.datetime, batch: int = PRUNE_BATCH) -> int:
     """Delete up to `batch` events that occurred before `before` (retention); how many."""
     deleted: int = await conn.fetchval(
         "WITH gone AS (DELETE FROM events WHERE id IN (SELECT id FROM events "
