@@ -24,26 +24,30 @@ reads the message's `metadata` from `messages` when it is read. `to`/`address` a
 by `read_feed` with the protector handed in.
 
 Commit order: each row stores its transaction id (`pg_current_xact_id()`). A reader serves
-only rows whose transaction id is below the snapshot's xmin (every transaction below it has
-finished, so no row can still appear there), in (xid, id) order, and its cursor is the
-(xid, id) of the last row served. A transaction that commits late always has an xid at or
-above the xmin the reader saw, hence above its cursor: a polling reader never skips an
-event. The price: while a transaction stays open, events of later transactions wait for it.
+only rows whose transaction id is below a horizon, the snapshot's xmin restricted to this
+database (`HORIZON_SQL`: every transaction below it has finished, so no row can still appear
+there), in (xid, id) order, and its cursor is the (xid, id) of the last row served. A
+transaction that commits late always has an xid at or above the horizon the reader saw,
+hence above its cursor: a polling reader never skips an event. The price: while a
+transaction that may write here stays open, events of later transactions wait for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import re
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
+
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sender import status as st
 from suppression.crypto import AddressProtector, InvalidToken
-from suppression.db import Pg
+from suppression.db import Pg, pg_connection
 
 # Delivery statuses that are reported, each as `delivery.<status>`.
 DELIVERY_STATUSES: tuple[str, ...] = (
@@ -168,12 +172,31 @@ _COLUMNS = (
     "e.channel, e.address_encrypted, e.data::text AS data, m.metadata::text AS metadata"
 )
 
-# The horizon row always comes back (so the reader learns the xmin even with no events);
+# The horizon: the lowest transaction id that may still write events into this database.
+# The snapshot's xmin would do, but it counts every database of the server, so a long
+# transaction elsewhere would hold this feed back; a running transaction that
+# pg_stat_activity shows in another database cannot write here (an xid belongs to one
+# database for good), so it is left out. Anything not proven foreign counts, which is
+# always safe: a transaction that finished after the snapshot, a prepared one, or every one
+# when the role may not see other sessions' xids (grant it pg_read_all_stats to avoid that).
+# backend_xid is a 32-bit xid: it is compared with the low half of the 64-bit ids.
+HORIZON_SQL = """
+WITH snap AS (SELECT pg_current_snapshot() AS s),
+foreign_xids AS (
+    SELECT backend_xid::text::bigint AS x FROM pg_stat_activity
+    WHERE backend_xid IS NOT NULL
+      AND datid IS DISTINCT FROM (SELECT oid FROM pg_database WHERE datname = current_database())
+)
+SELECT LEAST(
+    (SELECT pg_snapshot_xmax(s)::text::bigint FROM snap),
+    (SELECT min(x::text::bigint) FROM snap, pg_snapshot_xip(s) AS x
+     WHERE x::text::bigint % 4294967296 NOT IN (SELECT x FROM foreign_xids)))
+"""
+
+# The horizon row always comes back (so the reader learns the horizon even with no events);
 # `LEFT JOIN LATERAL` keeps it when the page is empty.
 _FEED = f"""
-WITH horizon AS (
-    SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin
-)
+WITH horizon AS ({HORIZON_SQL} AS xmin)
 SELECT h.xmin, {_COLUMNS}
 FROM horizon h
 LEFT JOIN LATERAL (
@@ -271,6 +294,47 @@ async def read_feed(
     # Fewer than asked: every finished transaction's rows up to the horizon were seen, so the
     # next read may start at the horizon (never behind the cursor it was given).
     return events, encode_cursor(*max((xid, seq), (horizon, 0)))
+
+
+async def current_cursor(conn: Pg) -> str:
+    """A cursor at the feed's present end: reading from it yields only events of
+    transactions that had not finished yet, or that start later."""
+    horizon = await conn.fetchval(HORIZON_SQL)
+    return encode_cursor(int(horizon), 0)
+
+
+async def tail(
+    engine: AsyncEngine,
+    protector: AddressProtector,
+    *,
+    after: str | None,
+    types: Collection[str] | None,
+    out: TextIO,
+    follow: bool = True,
+    poll_seconds: float = 1.0,
+    page_size: int = 500,
+) -> str:
+    """Write every event from cursor `after` on to `out`, one JSON line each (all keys'
+    events), following the feed while `follow`; returns the cursor after the last one read."""
+    cursor = after
+    while True:
+        async with pg_connection(engine) as conn:
+            page, cursor = await read_feed(
+                conn,
+                after=cursor,
+                limit=page_size,
+                client_id=None,
+                types=types,
+                protector=protector,
+            )
+        for event in page:
+            out.write(json.dumps(event.payload(), separators=(",", ":"), default=str) + "\n")
+        out.flush()
+        if len(page) == page_size:
+            continue
+        if not follow:
+            return cursor
+        await asyncio.sleep(poll_seconds)
 
 
 _SINCE = f"""
