@@ -44,6 +44,7 @@ from retry.api import DeadLetterController
 from retry.queue import DeliveryQueue
 from sender.api import MessagesController
 from sender.campaigns_api import CampaignsController
+from sender.events_api import EventsController
 from sender.mailbox_api import SandboxMailboxController
 from suppression.api import ROUTES as SUPPRESSION_ROUTES
 from webhooks.api import ROUTES as WEBHOOK_ROUTES
@@ -77,6 +78,7 @@ def route_handlers() -> list[Any]:
     handlers: list[Any] = [healthz, readyz, metrics, KeysController]
     handlers += [*SUPPRESSION_ROUTES, *SUBJECT_ROUTES]
     handlers += [MessagesController, CampaignsController, SandboxMailboxController]
+    handlers.append(EventsController)
     handlers += WEBHOOK_ROUTES
     handlers.append(DeadLetterController)
     return handlers
