@@ -1,0 +1,238 @@
+"""The console over plain HTTP: sign-in, session expiry and revocation, CSRF, scopes, pages."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+
+import httpx
+from sqlalchemy import select
+
+from gateway.console import session as console_session
+from gateway.keys import revoke_key
+from gateway.models import ApiKey
+from gateway.services import Services
+from tests.conftest import bearer
+
+MakeKey = Callable[..., Awaitable[str]]
+
+
+def _csrf(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, html
+    return found.group(1)
+
+
+async def sign_in(client: httpx.AsyncClient, secret: str) -> httpx.Response:
+    """Open the sign-in page and post the key; returns the answer to the post."""
+    page = await client.get("/console/login")
+    assert page.status_code == 200
+    return await client.post("/console/login", data={"key": secret, "csrf": _csrf(page.text)})
+
+
+async def test_pages_need_a_session(client: httpx.AsyncClient) -> None:
+    for path in ("/console/", "/console/address", "/console/dlq", "/console/suppressions"):
+        answer = await client.get(path)
+        assert answer.status_code == 303
+        assert answer.headers["location"].startswith("/console/login")
+
+
+async def test_sign_in_sets_a_strict_httponly_cookie_and_shows_the_overview(
+    client: httpx.AsyncClient, make_key: MakeKey
+) -> None:
+    answer = await sign_in(client, await make_key("read", name="ops"))
+    assert answer.status_code == 303
+    cookie = next(
+        v for k, v in answer.headers.multi_items() if k == "set-cookie" and "gw_console=" in v
+    )
+    lowered = cookie.lower()
+    assert "httponly" in lowered and "samesite=strict" in lowered and "max-age=28800" in lowered
+    # The test settings' public URL is https: the cookie is Secure.
+    assert "secure" in lowered
+    page = await client.get("/console/")
+    assert page.status_code == 200
+    assert "<title>Overview" in page.text
+    assert "ops" in page.text
+
+
+async def test_a_wrong_or_send_only_key_is_refused(
+    client: httpx.AsyncClient, make_key: MakeKey
+) -> None:
+    assert (await sign_in(client, "gw_nonsense")).status_code == 401
+    assert (await sign_in(client, await make_key("send"))).status_code == 403
+    assert (await client.get("/console/")).status_code == 303
+
+
+async def test_sign_in_without_the_form_token_is_refused(
+    client: httpx.AsyncClient, make_key: MakeKey
+) -> None:
+    secret = await make_key("admin")
+    answer = await client.post("/console/login", data={"key": secret, "csrf": "forged"})
+    assert answer.status_code == 403
+    assert (await client.get("/console/")).status_code == 303
+
+
+async def test_a_revoked_key_ends_its_sessions_at_the_next_request(
+    services: Services, client: httpx.AsyncClient, make_key: MakeKey
+) -> None:
+    secret = await make_key("admin", name="soon revoked")
+    await sign_in(client, secret)
+    assert (await client.get("/console/")).status_code == 200
+    async with services.sessions() as s:
+        key_id = (await s.scalars(select(ApiKey.id).where(ApiKey.name == "soon revoked"))).one()
+        assert await revoke_key(s, key_id)
+        await s.commit()
+    answer = await client.get("/console/")
+    assert answer.status_code == 303
+    assert answer.headers["location"].startswith("/console/login")
+
+
+async def test_an_expired_or_forged_session_is_refused(
+    services: Services, client: httpx.AsyncClient, make_key: MakeKey
+) -> None:
+    await make_key("admin", name="k")
+    async with services.sessions() as s:
+        key_id = (await s.scalars(select(ApiKey.id).where(ApiKey.name == "k"))).one()
+    key = console_session.signing_key(services.settings.hash_key)
+    old = console_session.new_session(key_id, now=1_000_000)
+    client.cookies.set("gw_console", console_session.encode(key, old), path="/console")
+    assert (await client.get("/console/")).status_code == 303
+    fresh = console_session.new_session(key_id)
+    forged = console_session.encode(b"another key" * 3, fresh)
+    client.cookies.set("gw_console", forged, path="/console")
+    assert (await client.get("/console/")).status_code == 303
+    client.cookies.set("gw_console", console_session.encode(key, fresh), path="/console")
+    assert (await client.get("/console/")).status_code == 200
+    # A session for a key id that does not exist.
+    other = console_session.new_session(uuid.uuid4())
+    client.cookies.set("gw_console", console_session.encode(key, other), path="/console")
+    assert (await client.get("/console/")).status_code == 303
+
+
+async def test_a_change_without_the_csrf_token_is_refused(
+    client: httpx.AsyncClient, make_key: MakeKey
+) -> None:
+    await sign_in(client, await make_key("admin"))
+    form = {"channel": "email", "address": "someone@example.com", "reason": "manual"}
+    answer = await client.post("/console/address/suppress", data={**form, "csrf": "nope"})
+    assert answer.status_code == 403
+    page = await client.get(
+        "/console/address", params={"channel": "email", "address": "someone@example.com"}
+    )
+    assert "not suppressed" in page.text
+    answer = await client.post("/console/address/suppress", data={**form, "csrf": _csrf(page.text)})
+    assert answer.status_code == 303
+    page = await client.get(answer.headers["location"])
+    assert 'id="verdict">suppressed' in page.text
+
+
+async def test_a_read_key_sees_no_actions_and_is_refused_them(
+    client: httpx.AsyncClient, make_key: MakeKey
+) -> None:
+    admin = bearer(await make_key("admin"))
+    created = await client.post(
+        "/v1/suppressions",
+        json={"channel": "email", "address": "gone@example.com", "reason": "hard_bounce"},
+        headers=admin,
+    )
+    assert created.status_code == 201
+    await sign_in(client, await make_key("read"))
+    page = await client.get(
+        "/console/address", params={"channel": "email", "address": "gone@example.com"}
+    )
+    assert page.status_code == 200
+    assert "hard_bounce" in page.text
+    assert "Remove suppression" not in page.text and "Add suppression" not in page.text
+    answer = await client.post(
+        "/console/address/unsuppress",
+        data={
+            "channel": "email",
+            "address": "gone@example.com",
+            "reason": "x",
+            "csrf": _csrf(page.text),
+        },
+    )
+    assert answer.status_code == 403
+    assert "scope admin" in answer.text
+    still = await client.get("/v1/suppressions/email/gone@example.com", headers=admin)
+    assert still.json()["suppressed"] is True
+    assert (await client.get("/console/suppressions/export")).status_code == 403
+
+
+async def test_removing_a_complaint_needs_the_force_confirmation(
+    client: httpx.AsyncClient, make_key: MakeKey
+) -> None:
+    admin = bearer(await make_key("admin"))
+    await client.post(
+        "/v1/suppressions",
+        json={"channel": "email", "address": "angry@example.com", "reason": "complaint"},
+        headers=admin,
+    )
+    await sign_in(client, await make_key("admin"))
+    page = await client.get(
+        "/console/address", params={"channel": "email", "address": "angry@example.com"}
+    )
+    form = {
+        "channel": "email",
+        "address": "angry@example.com",
+        "reason": "asked us",
+        "csrf": _csrf(page.text),
+    }
+    refused = await client.post("/console/address/unsuppress", data=form)
+    assert refused.status_code == 409
+    assert 'id="force"' in refused.text
+    done = await client.post("/console/address/unsuppress", data={**form, "force": "yes"})
+    assert done.status_code == 303
+    page = await client.get(done.headers["location"])
+    assert "not suppressed" in page.text and "asked us" in page.text
+
+
+async def test_export_streams_the_api_csv_and_import_reports(
+    client: httpx.AsyncClient, make_key: MakeKey
+) -> None:
+    admin_secret = await make_key("admin")
+    await sign_in(client, admin_secret)
+    page = await client.get("/console/suppressions")
+    upload = (
+        b"channel,address,reason,scope\n"
+        b"email,imp@example.com,hard_bounce,all\n"
+        b"email,not-an-address,hard_bounce,all\n"
+    )
+    report = await client.post(
+        "/console/suppressions/import",
+        data={"csrf": _csrf(page.text), "format": "auto", "unsubscribe_scope": "marketing"},
+        files={"file": ("list.csv", upload, "text/csv")},
+    )
+    assert report.status_code == 200, report.text
+    assert re.search(r'data-field="added">1<', report.text)
+    assert re.search(r'data-field="invalid_count">1<', report.text)
+    console_csv = await client.get("/console/suppressions/export")
+    api_csv = await client.get("/v1/suppressions/export", headers=bearer(admin_secret))
+    assert console_csv.status_code == 200
+    assert console_csv.headers["content-type"].startswith("text/csv")
+    assert console_csv.text == api_csv.text
+    assert "imp@example.com" in console_csv.text
+
+
+async def test_logout_drops_the_session(client: httpx.AsyncClient, make_key: MakeKey) -> None:
+    await sign_in(client, await make_key("read"))
+    page = await client.get("/console/")
+    answer = await client.post("/console/logout", data={"csrf": _csrf(page.text)})
+    assert answer.status_code == 303
+    assert (await client.get("/console/")).status_code == 303
+
+
+async def test_bad_input_gets_a_page_not_a_500(
+    client: httpx.AsyncClient, make_key: MakeKey
+) -> None:
+    await sign_in(client, await make_key("admin"))
+    assert (await client.get("/console/messages/not-a-uuid")).status_code == 404
+    assert (await client.get(f"/console/messages/{uuid.uuid4()}")).status_code == 404
+    assert (await client.get("/console/dlq", params={"channel": "fax"})).status_code == 400
+    assert (await client.get("/console/dlq", params={"age": "forever"})).status_code == 400
+    assert (await client.get("/console/suppressions", params={"cursor": "zz"})).status_code == 400
+    assert (
+        await client.get("/console/address", params={"channel": "email", "address": "nope"})
+    ).status_code == 422
+    assert (await client.get(f"/console/dlq/{uuid.uuid4()}")).status_code == 404
