@@ -65,9 +65,12 @@ IMPORT_MAX_BYTES = 256 * 1024 * 1024
 PAGE_ROWS = 100
 AGES = {"1h": dt.timedelta(hours=1), "24h": dt.timedelta(days=1), "7d": dt.timedelta(days=7)}
 PROVIDERS = ("ses", "twilio")
-# Keys of a raw provider payload that carry a signature: not shown (nothing on a page shows a
-# hash or a secret).
-_HIDDEN_PAYLOAD_KEYS = frozenset({"signature", "x-twilio-signature"})
+# What a raw provider payload (or an event's details) may carry that is a hash or a secret:
+# signatures, our derived key (SES tag `derived_key`, header `X-Gateway-Delivery`, Twilio's
+# delivery ref) and the tokenized one-click unsubscribe URL. None of it is shown.
+_HIDDEN_KEYS = frozenset({"signature", "x-twilio-signature", "derived_key"})
+_HIDDEN_HEADERS = frozenset({"x-gateway-delivery", "list-unsubscribe", "list-unsubscribe-post"})
+HIDDEN = "(not shown)"
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(HERE / "templates"),
@@ -617,15 +620,21 @@ def _uuid(value: str, what: str) -> uuid.UUID:
         raise ConsoleError(404, f"No such {what}", f"{value[:64]!r} is not a {what} id.") from None
 
 
-def _shown_payload(payload: Any) -> Any:
-    if isinstance(payload, dict):
-        return {
-            k: ("(signature not shown)" if k.lower() in _HIDDEN_PAYLOAD_KEYS else _shown_payload(v))
-            for k, v in payload.items()
-        }
-    if isinstance(payload, list):
-        return [_shown_payload(v) for v in payload]
-    return payload
+def shown(value: Any, secrets: frozenset[str]) -> Any:
+    """`value` (a payload or details) without signatures, derived keys (any string in
+    `secrets`) or unsubscribe tokens."""
+    if isinstance(value, dict):
+        name = str(value.get("name", "")).lower()
+        out = {}
+        for k, v in value.items():
+            hidden = str(k).lower() in _HIDDEN_KEYS or (k == "value" and name in _HIDDEN_HEADERS)
+            out[k] = HIDDEN if hidden else shown(v, secrets)
+        return out
+    if isinstance(value, list):
+        return [shown(v, secrets) for v in value]
+    if isinstance(value, str) and any(secret in value for secret in secrets):
+        return HIDDEN
+    return value
 
 
 @get("/messages", name="console-message-lookup")
@@ -660,8 +669,10 @@ async def message_page(message_id: str, viewer: Viewer, services: Services) -> R
         timeline.append(
             {"at": a.started_at, "kind": "attempt", "item": a, "delivery": a.delivery_id}
         )
+    keys = frozenset(d.derived_key for d in deliveries)
     for e in events:
-        e["payload"] = _shown_payload(e["payload"])
+        e["payload"] = shown(e["payload"], keys)
+        e["details"] = shown(e["details"], keys)
         timeline.append(
             {"at": e["received_at"], "kind": "event", "item": e, "delivery": e["delivery_id"]}
         )

@@ -236,3 +236,43 @@ async def test_bad_input_gets_a_page_not_a_500(
         await client.get("/console/address", params={"channel": "email", "address": "nope"})
     ).status_code == 422
     assert (await client.get(f"/console/dlq/{uuid.uuid4()}")).status_code == 404
+
+
+async def test_a_message_page_shows_events_but_no_hash_or_secret(
+    services: Services, client: httpx.AsyncClient, make_key: MakeKey
+) -> None:
+    sender_key = await make_key("send", "read", name="upstream")
+    sent = await client.post(
+        "/v1/messages",
+        json={
+            "channel": "email",
+            "to": ["bounce@simulator.amazonses.com"],
+            "subject": "Hi",
+            "text": "Hi",
+            "category": "marketing",
+        },
+        headers={**bearer(sender_key), "Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert sent.status_code == 201, sent.text
+    await services.sandbox_feedback.drain()
+    message_id = uuid.UUID(sent.json()["id"])
+    async with services.sessions() as s:
+        from sender import log as dlog
+        from suppression.db import pg_of
+
+        delivery = (await dlog.deliveries_of(await pg_of(s), message_id))[0]
+    await sign_in(client, await make_key("admin"))
+    page = await client.get(f"/console/messages/{message_id}")
+    assert page.status_code == 200
+    assert 'bounce: <span class="disp">applied</span>' in page.text
+    assert "raw payload" in page.text
+    assert delivery.derived_key not in page.text
+    assert delivery.recipient_hash not in page.text
+    assert "unsubscribe/" not in page.text.lower().replace("list-unsubscribe", "")
+    # A read key that did not send it does not see it (as GET /v1/messages/{id}).
+    client.cookies.clear()
+    await sign_in(client, await make_key("read"))
+    assert (await client.get(f"/console/messages/{message_id}")).status_code == 404
+    client.cookies.clear()
+    await sign_in(client, sender_key)
+    assert (await client.get(f"/console/messages/{message_id}")).status_code == 200
