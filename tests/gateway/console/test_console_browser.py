@@ -35,6 +35,7 @@ from tests.conftest import gateway_env
 from tests.support.process import GATEWAY, clean_env, free_port, wait_answering
 
 CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_INSTALLED = Path(CHROMIUM).exists()
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -133,7 +134,7 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="module")
 async def browser() -> AsyncIterator[Browser]:
     """Debian's Chromium, headless; fails (never skips) when it is not installed."""
-    assert Path(CHROMIUM).exists(), (
+    assert CHROMIUM_INSTALLED, (
         f"{CHROMIUM} is missing: install Debian's chromium package "
         "(./dev test does so when it runs as root: apt-get install -y chromium)"
     )
