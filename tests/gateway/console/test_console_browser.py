@@ -338,3 +338,38 @@ async def test_a_read_only_key_sees_no_actions_and_is_refused(
     assert "scope admin" in await answer.text()
     await page.set_content(await answer.text())
     await page.screenshot(path=str(shots / "refused.png"), full_page=True)
+
+
+UNLABELLED = """() => [...document.querySelectorAll(
+    'input:not([type=hidden]), select, textarea, button')]
+  .filter(e => e.tagName === 'BUTTON'
+    ? !e.innerText.trim()
+    : !(e.labels && e.labels.length) && !e.getAttribute('aria-label'))
+  .map(e => e.outerHTML)"""
+
+
+async def test_every_page_has_a_title_labelled_controls_and_a_keyboard_path(
+    browser: Browser, server: Server
+) -> None:
+    page = await _page(browser)
+    await sign_in(page, server, server.admin)
+    paths = [
+        "/console",
+        "/console/address?channel=email&address=someone%40example.com",
+        "/console/messages",
+        "/console/dlq?state=all",
+        "/console/suppressions",
+        f"/console/messages/{uuid.uuid4()}",
+    ]
+    for path in paths:
+        await page.goto(server.url + path)
+        assert (await page.title()).endswith("Gateway console"), path
+        assert await page.locator("h1").count() == 1, path
+        assert await page.evaluate(UNLABELLED) == [], path
+    # The keyboard alone: the skip link comes first and leads to the content.
+    await page.goto(server.url + "/console")
+    await page.keyboard.press("Tab")
+    focused = await page.evaluate("() => document.activeElement.textContent")
+    assert focused == "Skip to content"
+    await page.keyboard.press("Enter")
+    assert await page.evaluate("() => document.activeElement.id") == "main"
