@@ -276,3 +276,70 @@ async def test_a_message_page_shows_events_but_no_hash_or_secret(
     client.cookies.clear()
     await sign_in(client, sender_key)
     assert (await client.get(f"/console/messages/{message_id}")).status_code == 200
+
+
+async def _dead_letters(services: Services, n: int, *, provider: str = "twilio") -> list[uuid.UUID]:
+    """n dead-lettered SMS deliveries whose one attempt went to `provider`."""
+    import datetime as dt
+
+    from sender import log as dlog
+    from suppression.db import pg_of, utcnow
+    from tests.retry.helpers import insert_deliveries
+    from tests.support.tables import attempts
+
+    ids = []
+    async with services.sessions() as s, s.begin():
+        for delivery_id in await insert_deliveries(s, n, channel="sms", attempts_made=1):
+            at = utcnow() - dt.timedelta(hours=2)
+            await s.execute(
+                attempts.insert().values(
+                    id=uuid.uuid4(),
+                    delivery_id=delivery_id,
+                    number=1,
+                    status="transient",
+                    provider=provider,
+                    error_code="30003",
+                    error_message="unreachable",
+                    started_at=at,
+                    finished_at=at,
+                )
+            )
+            entry = await dlog.dead_letter(
+                await pg_of(s), delivery_id, reason="max_attempts", last_error="30003", now=at
+            )
+            assert entry is not None
+            ids.append(entry)
+    return ids
+
+
+async def test_dead_letters_filter_confirm_discard_and_refuse_twice(
+    services: Services, client: httpx.AsyncClient, make_key: MakeKey
+) -> None:
+    twilio = await _dead_letters(services, 2)
+    ses = await _dead_letters(services, 1, provider="ses")
+    await sign_in(client, await make_key("admin"))
+    page = await client.get("/console/dlq", params={"provider": "twilio", "age": "1h"})
+    assert page.status_code == 200
+    assert all(str(i) in page.text for i in twilio) and str(ses[0]) not in page.text
+    assert (await client.get("/console/dlq", params={"age": "24h"})).text.count('name="ids"') == 0
+    form = {"csrf": _csrf(page.text), "action": "discard", "ids": [str(i) for i in twilio]}
+    confirm = await client.post("/console/dlq/action", data=form)
+    assert confirm.status_code == 200
+    assert "Discard 2 dead-letter entries?" in confirm.text
+    # Confirmed without a reason: refused, nothing changes.
+    no_reason = await client.post("/console/dlq/action", data={**form, "confirmed": "yes"})
+    assert no_reason.status_code == 400
+    still = await client.get("/console/dlq", params={"provider": "twilio"})
+    assert all(str(i) in still.text for i in twilio)
+    done = await client.post(
+        "/console/dlq/action", data={**form, "confirmed": "yes", "reason": "customer left"}
+    )
+    assert done.status_code == 200 and "2 entries discarded" in done.text
+    again = await client.post(
+        "/console/dlq/action",
+        data={**form, "action": "redrive", "confirmed": "yes"},
+    )
+    assert again.status_code == 409
+    assert "0 entries redriven" in again.text and "already discarded" in again.text
+    entry = await client.get(f"/console/dlq/{twilio[0]}")
+    assert "customer left" in entry.text and 'id="entry-state">discarded' in entry.text
