@@ -763,7 +763,6 @@ async def dlq_page(
             provider=f.provider or None,
             limit=PAGE_ROWS,
         )
-    done = {k: _query(request, k, 8) for k in ("redriven", "discarded", "refused")}
     return render(
         "dlq.html",
         viewer=viewer,
@@ -774,8 +773,8 @@ async def dlq_page(
         providers=PROVIDERS,
         ages=AGES,
         states=dlq.STATES,
-        done=done,
         limit=PAGE_ROWS,
+        select_all=_query(request, "select", 8) == "all",
     )
 
 

@@ -322,6 +322,8 @@ async def test_dead_letters_filter_confirm_discard_and_refuse_twice(
     assert page.status_code == 200
     assert all(str(i) in page.text for i in twilio) and str(ses[0]) not in page.text
     assert (await client.get("/console/dlq", params={"age": "24h"})).text.count('name="ids"') == 0
+    selected = await client.get("/console/dlq", params={"provider": "twilio", "select": "all"})
+    assert selected.text.count(" checked") == 2
     form = {"csrf": _csrf(page.text), "action": "discard", "ids": [str(i) for i in twilio]}
     confirm = await client.post("/console/dlq/action", data=form)
     assert confirm.status_code == 200
