@@ -373,3 +373,41 @@ async def test_every_page_has_a_title_labelled_controls_and_a_keyboard_path(
     assert focused == "Skip to content"
     await page.keyboard.press("Enter")
     assert await page.evaluate("() => document.activeElement.id") == "main"
+
+
+async def test_import_a_file_then_export_the_list(
+    browser: Browser, server: Server, shots: Path, tmp_path: Path
+) -> None:
+    page = await _page(browser)
+    await page.goto(f"{server.url}/console/login")
+    await page.screenshot(path=str(shots / "login.png"), full_page=True)
+    await sign_in(page, server, server.admin)
+    await page.goto(f"{server.url}/console/suppressions")
+    upload = tmp_path / "list.csv"
+    upload.write_text(
+        "channel,address,reason,scope\n"
+        "email,imported@example.com,complaint,all\n"
+        "sms,+1 500 555 0009,sms_stop,all\n"
+        "email,not an address,hard_bounce,all\n"
+    )
+    await page.get_by_label("File (CSV or JSON Lines: ours, SES or SendGrid)").set_input_files(
+        str(upload)
+    )
+    await page.get_by_role("button", name="Import").click()
+    await page.wait_for_selector("#report")
+    assert await page.locator('[data-field="added"]').inner_text() == "2"
+    assert await page.locator('[data-field="invalid_count"]').inner_text() == "1"
+    await page.screenshot(path=str(shots / "import-report.png"), full_page=True)
+    await page.goto(f"{server.url}/console/suppressions?reason=complaint")
+    assert "imported@example.com" in await page.locator("#suppressions").inner_text()
+    async with page.expect_download() as info:
+        await page.get_by_role("link", name="Export the whole list (CSV, with history)").click()
+    download = await info.value
+    saved = tmp_path / "export.csv"
+    await download.save_as(str(saved))
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        api = await client.get(
+            "/v1/suppressions/export", headers={"Authorization": f"Bearer {server.admin}"}
+        )
+    assert saved.read_text() == api.text
+    assert "imported@example.com" in api.text and "+15005550009" in api.text

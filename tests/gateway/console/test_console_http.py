@@ -345,3 +345,21 @@ async def test_dead_letters_filter_confirm_discard_and_refuse_twice(
     assert "0 entries redriven" in again.text and "already discarded" in again.text
     entry = await client.get(f"/console/dlq/{twilio[0]}")
     assert "customer left" in entry.text and 'id="entry-state">discarded' in entry.text
+
+
+async def test_an_address_is_normalized_as_the_send_path_does(
+    client: httpx.AsyncClient, make_key: MakeKey
+) -> None:
+    admin = bearer(await make_key("admin"))
+    added = await client.post(
+        "/v1/suppressions",
+        json={"channel": "sms", "address": "+15005550006", "reason": "sms_stop"},
+        headers=admin,
+    )
+    assert added.status_code == 201
+    await sign_in(client, await make_key("read"))
+    page = await client.get(
+        "/console/address", params={"channel": "sms", "address": "(500) 555-0006"}
+    )
+    assert page.status_code == 200
+    assert "+15005550006" in page.text and 'id="verdict">suppressed' in page.text
