@@ -39,8 +39,7 @@ def stacked_days(title: str, days: Sequence[dt.date], series: Sequence[Series]) 
     bar_w = max(slot * 0.6, 1)
     summary = "; ".join(
         f"{day.isoformat()}: "
-        + ", ".join(f"{s.values[i]} {s.name}" for s in series if s.values[i])
-        + (" (none)" if not totals[i] else "")
+        + (", ".join(f"{s.values[i]} {s.name}" for s in series if s.values[i]) or "none")
         for i, day in enumerate(days)
     )
     parts = [

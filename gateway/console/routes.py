@@ -68,7 +68,11 @@ PROVIDERS = ("ses", "twilio")
 # What a raw provider payload (or an event's details) may carry that is a hash or a secret:
 # signatures, our derived key (SES tag `derived_key`, header `X-Gateway-Delivery`, Twilio's
 # delivery ref) and the tokenized one-click unsubscribe URL. None of it is shown.
-_HIDDEN_KEYS = frozenset({"signature", "x-twilio-signature", "derived_key"})
+# An SNS envelope's UnsubscribeURL / SubscribeURL / Token are capabilities over the topic
+# subscription: not shown either.
+_HIDDEN_KEYS = frozenset(
+    {"signature", "x-twilio-signature", "derived_key", "unsubscribeurl", "subscribeurl", "token"}
+)
 _HIDDEN_HEADERS = frozenset({"x-gateway-delivery", "list-unsubscribe", "list-unsubscribe-post"})
 HIDDEN = "(not shown)"
 
