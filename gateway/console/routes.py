@@ -147,6 +147,11 @@ class Viewer:
         return self.principal.allows("export")
 
     @property
+    def session_ends(self) -> dt.datetime:
+        """When this session expires (8 hours after sign-in)."""
+        return dt.datetime.fromtimestamp(self.session.expires_at, dt.UTC)
+
+    @property
     def client_filter(self) -> uuid.UUID | None:
         """Whose messages this viewer may see: None for every client (admin)."""
         return None if self.admin else self.principal.key_id
