@@ -532,8 +532,21 @@ async def suppress(
     raw = _field(form, "address", required=True)
     reason = _field(form, "reason", required=True)
     scope = _field(form, "scope") or suppressions.SCOPE_ALL
+    expires_text = _field(form, "expires_at")
     if channel not in CHANNELS:
         raise ConsoleError(400, "Unknown channel", "The channel is email or sms.")
+    expires_at = None
+    if expires_text:
+        try:
+            expires_at = dlq.utc_time(dt.datetime.fromisoformat(expires_text))
+        except ValueError:
+            return await _address_page(
+                viewer, services, channel, raw, status=422, error="The expiry is not a time."
+            )
+        if expires_at <= utcnow():
+            return await _address_page(
+                viewer, services, channel, raw, status=422, error="The expiry is in the past."
+            )
     try:
         address = normalize(channel, raw, services.settings.default_region, strict=True)
     except InvalidAddress as exc:
@@ -552,6 +565,7 @@ async def suppress(
             address,
             reason=reason,
             scope=scope,
+            expires_at=expires_at,
             source=suppressions.Source("operator", actor, actor=actor),
         )
         await session.commit()

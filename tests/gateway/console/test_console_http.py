@@ -363,3 +363,31 @@ async def test_an_address_is_normalized_as_the_send_path_does(
     )
     assert page.status_code == 200
     assert "+15005550006" in page.text and 'id="verdict">suppressed' in page.text
+
+
+async def test_an_added_suppression_can_expire(
+    client: httpx.AsyncClient, make_key: MakeKey
+) -> None:
+    await sign_in(client, await make_key("admin"))
+    page = await client.get(
+        "/console/address", params={"channel": "email", "address": "t@example.com"}
+    )
+    form = {
+        "channel": "email",
+        "address": "t@example.com",
+        "reason": "manual",
+        "scope": "all",
+        "csrf": _csrf(page.text),
+    }
+    past = await client.post(
+        "/console/address/suppress", data={**form, "expires_at": "2001-01-01T00:00"}
+    )
+    assert past.status_code == 422 and "in the past" in past.text
+    bad = await client.post("/console/address/suppress", data={**form, "expires_at": "soon"})
+    assert bad.status_code == 422
+    done = await client.post(
+        "/console/address/suppress", data={**form, "expires_at": "2999-01-01T00:00"}
+    )
+    assert done.status_code == 303
+    page = await client.get(done.headers["location"])
+    assert "2999-01-01 00:00:00 UTC" in page.text and 'id="verdict">suppressed' in page.text
