@@ -81,8 +81,11 @@ def _insert_key(database_url: str, name: str, scopes: list[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(create_database: Callable[[], str], redis_url: str) -> Iterator[Server]:
-    """`gateway serve` on a database of its own (the module's tests share it)."""
+def server(
+    create_database: Callable[[], str], redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """`gateway serve` on a database of its own (the module's tests share it); its output goes
+    to a file (a pipe nobody reads would fill up and stall the server)."""
     database_url = create_database()
     migrate.upgrade(database_url)
     port = free_port()
@@ -96,11 +99,12 @@ def server(create_database: Callable[[], str], redis_url: str) -> Iterator[Serve
             GATEWAY_RETRY_WORKER_POLL_SECONDS="0.2",
         )
     )
+    log = (tmp_path_factory.mktemp("console-server") / "serve.log").open("w")
     proc = subprocess.Popen(
         [GATEWAY, "serve", "--port", str(port)],
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=log,
+        stderr=subprocess.STDOUT,
         text=True,
     )
     try:
@@ -115,10 +119,11 @@ def server(create_database: Callable[[], str], redis_url: str) -> Iterator[Serve
     finally:
         proc.terminate()
         try:
-            proc.communicate(timeout=30)
+            proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate()
+            proc.wait()
+        log.close()
 
 
 @pytest.fixture(scope="module")
