@@ -11,6 +11,7 @@ messages of its own key, as `GET /v1/messages/{id}` does.
 from __future__ import annotations
 
 import datetime as dt
+import hmac
 import json
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -347,7 +348,11 @@ async def login(request: Request[Any, Any, Any], services: Services) -> Response
     token = form.get("csrf")
     cookie_token = request.cookies.get(LOGIN_COOKIE)
     target = _safe_next(_field(form, "next"))
-    if not token or not cookie_token or token != cookie_token:
+    if (
+        not isinstance(token, str)
+        or not cookie_token
+        or not hmac.compare_digest(token.encode(), cookie_token.encode())
+    ):
         raise ConsoleError(
             403, "Form expired", "The sign-in form expired; open the sign-in page again."
         )
