@@ -1,7 +1,7 @@
 """BRIN indexes on deliveries.created_at and attempts.started_at (the console's time windows)
 
 Revision ID: 0011
-Revises: 0004
+Revises: 0009
 """
 
 from collections.abc import Sequence
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0011"
-down_revision: str | None = "0004"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
