@@ -708,7 +708,7 @@ class CampaignService:
             row = await self._visible(conn, campaign_id, client_id, see_all, lock=False)
             message = await dlog.message(conn, row.message_id)
             assert message is not None
-            by_status = await dlog.status_counts(conn, row.message_id)
+            by_status = await dlog.message_status_counts(conn, row.message_id)
             if row.state == SENDING and not any(by_status.get(s) for s in _COUNTED["queued"]):
                 await self._finish(conn, row.id)
                 row = await campaign(conn, row.id) or row
