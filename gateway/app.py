@@ -32,6 +32,7 @@ from litestar.types import Message, Scope
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.auth import api_key_guard
+from gateway.console.routes import console_router
 from gateway.health import healthz, readyz
 from gateway.inputs import check_request
 from gateway.keys_api import KeysController
@@ -44,6 +45,7 @@ from retry.api import DeadLetterController
 from retry.queue import DeliveryQueue
 from sender.api import MessagesController
 from sender.campaigns_api import CampaignsController
+from sender.events_api import EventsController
 from sender.mailbox_api import SandboxMailboxController
 from suppression.api import ROUTES as SUPPRESSION_ROUTES
 from webhooks.api import ROUTES as WEBHOOK_ROUTES
@@ -77,8 +79,11 @@ def route_handlers() -> list[Any]:
     handlers: list[Any] = [healthz, readyz, metrics, KeysController]
     handlers += [*SUPPRESSION_ROUTES, *SUBJECT_ROUTES]
     handlers += [MessagesController, CampaignsController, SandboxMailboxController]
+    handlers.append(EventsController)
     handlers += WEBHOOK_ROUTES
     handlers.append(DeadLetterController)
+    # The operator console (HTML, outside the OpenAPI document).
+    handlers.append(console_router())
     return handlers
 
 

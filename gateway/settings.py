@@ -106,6 +106,9 @@ class Settings:
     # how often an idle expansion job looks for work.
     campaign_batch: int = 5000
     campaign_poll_seconds: float = 1.0
+    # Outbound events (sender.events): how long event rows are kept (the feed's cursors stay
+    # valid this long); the worker's sweep prunes older ones.
+    event_retention_days: int = 30
 
     @property
     def embedded_database(self) -> bool:
@@ -380,6 +383,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         aws_region=_str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION"),
         campaign_batch=_number(env, "GATEWAY_CAMPAIGN_BATCH", 5000, int, 1),
         campaign_poll_seconds=_number(env, "GATEWAY_CAMPAIGN_POLL_SECONDS", 1.0, float, 0.01),
+        event_retention_days=_number(env, "GATEWAY_EVENT_RETENTION_DAYS", 30, int, 1),
     )
     _check_consistency(settings, env)
     return settings

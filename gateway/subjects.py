@@ -46,6 +46,7 @@ from sqlalchemy import (
     inspect,
     or_,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -55,7 +56,7 @@ from sqlalchemy.sql.expression import bindparam
 from gateway.auth import principal_of
 from gateway.services import Services
 from retry.models import DeadLetter
-from sender.models import Attempt, Delivery, Message, SandboxMessage
+from sender.models import Attempt, CampaignRecipient, Delivery, Event, Message, SandboxMessage
 from suppression.crypto import AddressProtector, InvalidToken
 from suppression.db import Base
 from suppression.models import Suppression, SuppressionHistory
@@ -76,6 +77,9 @@ CIPHERTEXT_COLUMNS: tuple[tuple[type[Base], str, str], ...] = (
     (ProviderEvent, "payload_encrypted", "payload"),
     (Message, "content_encrypted", "content"),
     (SandboxMessage, "content_encrypted", "content"),
+    (CampaignRecipient, "recipient_encrypted", "recipient"),
+    # Outbound events keep a copy of the address they report (sender.events).
+    (Event, "address_encrypted", "address"),
 )
 _CIPHERTEXT = {(model.__tablename__, column) for model, column, _ in CIPHERTEXT_COLUMNS}
 REDACTED = "[erased]"
@@ -162,10 +166,17 @@ def _related(
             SuppressionHistory.channel == subject.channel,
             SuppressionHistory.address_hash == subject.address_hash,
         ),
+        # Campaign lists (the hash is channel-scoped, so it names the channel too).
+        CampaignRecipient: CampaignRecipient.recipient_hash == subject.address_hash,
         # The sandbox mailbox's copies of what was sent to the subject.
         SandboxMessage: and_(
             SandboxMessage.channel == subject.channel,
             SandboxMessage.to_hash == subject.address_hash,
+        ),
+        # Outbound events about the subject's deliveries and suppression entries.
+        Event: or_(
+            and_(Event.channel == subject.channel, Event.address_hash == subject.address_hash),
+            Event.delivery_id.in_(delivery_ids),
         ),
     }
 
@@ -346,6 +357,16 @@ async def erase(
             )
             report.text_values_scrubbed += result.rowcount  # type: ignore[attr-defined]
 
+    # A campaign list's per-recipient metadata is the person's own data: it goes with the
+    # address (whose hash stays, so an expansion still creates the delivery, which then
+    # fails as `recipient erased` without a provider call).
+    await session.execute(
+        update(CampaignRecipient)
+        .where(where[CampaignRecipient], CampaignRecipient.metadata_.is_not(None))
+        .values(metadata_=None)
+        .execution_options(synchronize_session=False)
+    )
+
     evidence_keys = list(PERSONAL_EVIDENCE_KEYS)
     await session.execute(
         update(Suppression)
@@ -445,22 +466,24 @@ async def rotate_encryption(
         rotated = current = failed = done = 0
         if progress:
             progress(label, 0, total)
+        # Keyset over the primary key (one column, or several: campaign_recipients).
+        key = list(table.primary_key.columns)
         stmt = (
             update(table)
-            .where(table.c.id == bindparam("b_id"), col == bindparam("b_old"))
+            .where(*(c == bindparam(f"b_{c.name}") for c in key), col == bindparam("b_old"))
             .values({column: bindparam("b_new")})
         )
-        last: uuid.UUID | None = None
+        last: tuple[Any, ...] | None = None
         while True:
             async with sessions() as session:
-                query = select(table.c.id, col).where(col.is_not(None)).order_by(table.c.id)
+                query = select(*key, col).where(col.is_not(None)).order_by(*key)
                 if last is not None:
-                    query = query.where(table.c.id > last)
+                    query = query.where(tuple_(*key) > tuple_(*last))
                 batch = list((await session.execute(query.limit(batch_size))).all())
                 if not batch:
                     break
                 changes = []
-                for row_id, token in batch:
+                for *row_key, token in batch:
                     if protector.is_current(token):
                         current += 1
                         continue
@@ -469,13 +492,14 @@ async def rotate_encryption(
                     except InvalidToken:
                         failed += 1
                         continue
-                    changes.append({"b_id": row_id, "b_old": token, "b_new": new})
+                    ids = {f"b_{c.name}": v for c, v in zip(key, row_key, strict=True)}
+                    changes.append({**ids, "b_old": token, "b_new": new})
                 if changes:
                     connection = await session.connection()
                     await connection.execute(stmt, changes)
                     rotated += len(changes)
                 await session.commit()
-            last = batch[-1][0]
+            last = tuple(batch[-1][: len(key)])
             done += len(batch)
             if progress:
                 progress(label, min(done, total), total)

@@ -299,11 +299,15 @@ async def message(conn: Pg, message_id: uuid.UUID) -> MessageRow | None:
     return MessageRow(*row) if row is not None else None
 
 
-async def deliveries_of(conn: Pg, message_id: uuid.UUID) -> list[DeliveryRow]:
-    """The deliveries of a message in request order."""
+async def deliveries_of(
+    conn: Pg, message_id: uuid.UUID, *, limit: int | None = None
+) -> list[DeliveryRow]:
+    """The deliveries of a message in request order (the first `limit` of them)."""
     rows = await conn.fetch(
-        f"SELECT {_D} FROM deliveries d WHERE d.message_id = $1 ORDER BY d.position, d.created_at",
+        f"SELECT {_D} FROM deliveries d WHERE d.message_id = $1 ORDER BY d.position, d.created_at "
+        "LIMIT $2",
         message_id,
+        limit,
     )
     return [_delivery(r) for r in rows]
 
@@ -1168,7 +1172,7 @@ async def cancel_queued(conn: Pg, message_id: uuid.UUID, *, reason: str, now: dt
     return int(result.rsplit(" ", 1)[-1])
 
 
-async def status_counts(conn: Pg, message_id: uuid.UUID) -> dict[str, int]:
+async def message_status_counts(conn: Pg, message_id: uuid.UUID) -> dict[str, int]:
     """How many deliveries of the message are in each status."""
     rows = await conn.fetch(
         "SELECT status, count(*) FROM deliveries WHERE message_id = $1 GROUP BY status",
@@ -1190,3 +1194,185 @@ async def any_unfinished(conn: Pg, message_id: uuid.UUID) -> bool:
         _UNFINISHED,
     )
     return bool(found)
+
+
+# -- operator console reads (gateway.console) ---------------------------------------------------
+
+
+async def recent_for_recipient(
+    conn: Pg,
+    channel: str,
+    recipient_hash: str,
+    *,
+    limit: int = 50,
+    client_id: uuid.UUID | None = None,
+) -> list[DeliveryRow]:
+    """The newest deliveries to one recipient (by address hash), newest first; with
+    `client_id`, only those of that API key's messages (what a non-admin may see)."""
+    rows = await conn.fetch(
+        f"SELECT {_D} FROM deliveries d JOIN messages m ON m.id = d.message_id "
+        "WHERE d.channel = $1 AND d.recipient_hash = $2 "
+        "AND ($3::uuid IS NULL OR m.client_id = $3::uuid) "
+        "ORDER BY d.created_at DESC LIMIT $4",
+        channel,
+        recipient_hash,
+        client_id,
+        limit,
+    )
+    return [_delivery(r) for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class StatusCount:
+    """Deliveries of one channel in one status: created in the short window, in the long one."""
+
+    channel: str
+    status: str
+    short: int
+    long: int
+
+
+async def status_counts(
+    conn: Pg, *, short_since: dt.datetime, long_since: dt.datetime
+) -> list[StatusCount]:
+    """Deliveries created since `long_since` by channel and current status, with the count of
+    those created since `short_since` (one scan for both windows)."""
+    rows = await conn.fetch(
+        "SELECT channel, status, count(*) FILTER (WHERE created_at >= $1) AS short, "
+        "count(*) AS long FROM deliveries WHERE created_at >= $2 GROUP BY channel, status",
+        short_since,
+        long_since,
+    )
+    return [StatusCount(r["channel"], r["status"], r["short"], r["long"]) for r in rows]
+
+
+async def daily_status_counts(
+    conn: Pg, *, since: dt.datetime
+) -> list[tuple[dt.date, str, str, int]]:
+    """(UTC day, channel, status, deliveries created) since `since`, for the overview's charts."""
+    rows = await conn.fetch(
+        "SELECT (created_at AT TIME ZONE 'UTC')::date AS day, channel, status, count(*) AS n "
+        "FROM deliveries WHERE created_at >= $1 GROUP BY 1, 2, 3 ORDER BY 1",
+        since,
+    )
+    return [(r["day"], r["channel"], r["status"], r["n"]) for r in rows]
+
+
+async def deferral_counts(
+    conn: Pg, *, short_since: dt.datetime, long_since: dt.datetime
+) -> dict[str, tuple[int, int]]:
+    """Provider calls that ended deferred (transient, unknown outcome, deferred) per channel:
+    (since `short_since`, since `long_since`)."""
+    rows = await conn.fetch(
+        "SELECT d.channel, count(*) FILTER (WHERE a.started_at >= $1) AS short, "
+        "count(*) AS long FROM attempts a JOIN deliveries d ON d.id = a.delivery_id "
+        "WHERE a.started_at >= $2 AND a.status IN ('transient', 'unknown', 'deferred') "
+        "GROUP BY d.channel",
+        short_since,
+        long_since,
+    )
+    return {r["channel"]: (r["short"], r["long"]) for r in rows}
+
+
+async def oldest_due(conn: Pg, *, now: dt.datetime) -> dict[str, dt.datetime]:
+    """Per channel, the earliest `next_attempt_at` of a queued delivery that is due now (the
+    retry backlog's age)."""
+    rows = await conn.fetch(
+        "SELECT channel, min(next_attempt_at) AS due FROM deliveries "
+        "WHERE status = ANY($1::text[]) AND next_attempt_at <= $2 GROUP BY channel",
+        _CLAIMABLE,
+        now,
+    )
+    return {r["channel"]: r["due"] for r in rows}
+
+
+# -- message search (GET /v1/messages) ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFilter:
+    """What `search` looks for; None fields do not filter.
+
+    `client_id` None: every client's messages (admin). `recipient` is (channel, address hash)
+    of one normalized recipient; `metadata` must be contained in the message's metadata.
+    `before` is the keyset position (created_at, id) of the last message of the previous page.
+    """
+
+    client_id: uuid.UUID | None = None
+    recipient: tuple[str, str] | None = None
+    status: str | None = None
+    channel: str | None = None
+    category: str | None = None
+    topic: str | None = None
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+    metadata: dict[str, str] | None = None
+    before: tuple[dt.datetime, uuid.UUID] | None = None
+
+
+async def search(conn: Pg, where: MessageFilter, *, limit: int) -> list[MessageRow]:
+    """Messages matching `where`, newest first (created_at, id descending), at most `limit`.
+
+    The statement names only the filters that are set, so each combination gets a plan of its
+    own (a recipient search starts from the deliveries' (channel, recipient hash) index, a
+    key's listing from `ix_messages_client_created`).
+    """
+    clauses: list[str] = []
+    args: list[Any] = []
+
+    def arg(value: Any) -> str:
+        args.append(value)
+        return f"${len(args)}"
+
+    if where.client_id is not None:
+        clauses.append(f"m.client_id = {arg(where.client_id)}")
+    if where.recipient is not None:
+        # With `status` too, the same delivery (that recipient's) must have that status.
+        channel, address_hash = where.recipient
+        status = f" AND d.status = {arg(where.status)}" if where.status is not None else ""
+        clauses.append(
+            "m.id IN (SELECT d.message_id FROM deliveries d "
+            f"WHERE d.channel = {arg(channel)} AND d.recipient_hash = {arg(address_hash)}{status})"
+        )
+    elif where.status is not None:
+        clauses.append(
+            "EXISTS (SELECT 1 FROM deliveries s "
+            f"WHERE s.message_id = m.id AND s.status = {arg(where.status)})"
+        )
+    if where.channel is not None:
+        clauses.append(f"m.channel = {arg(where.channel)}")
+    if where.category is not None:
+        clauses.append(f"m.category = {arg(where.category)}")
+    if where.topic is not None:
+        clauses.append(f"m.topic = {arg(where.topic)}")
+    if where.since is not None:
+        clauses.append(f"m.created_at >= {arg(where.since)}")
+    if where.until is not None:
+        clauses.append(f"m.created_at < {arg(where.until)}")
+    if where.metadata:
+        clauses.append(f"m.metadata @> {arg(jsonb(where.metadata))}::jsonb")
+    if where.before is not None:
+        at, last_id = where.before
+        clauses.append(f"(m.created_at, m.id) < ({arg(at)}::timestamptz, {arg(last_id)}::uuid)")
+    sql = (
+        f"SELECT {_M} FROM messages m"
+        + (" WHERE " + " AND ".join(clauses) if clauses else "")
+        + f" ORDER BY m.created_at DESC, m.id DESC LIMIT {arg(limit)}"
+    )
+    return [MessageRow(*r) for r in await conn.fetch(sql, *args)]
+
+
+async def deliveries_of_messages(
+    conn: Pg, message_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, list[DeliveryRow]]:
+    """The deliveries of several messages, each list in request order."""
+    rows = await conn.fetch(
+        f"SELECT {_D} FROM deliveries d WHERE d.message_id = ANY($1::uuid[]) "
+        "ORDER BY d.message_id, d.position, d.created_at",
+        list(message_ids),
+    )
+    out: dict[uuid.UUID, list[DeliveryRow]] = {i: [] for i in message_ids}
+    for r in rows:
+        delivery = _delivery(r)
+        out[delivery.message_id].append(delivery)
+    return out

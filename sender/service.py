@@ -70,6 +70,10 @@ from suppression.normalize import Address, InvalidAddress, normalize, normalize_
 
 log = logging.getLogger("gateway.sender")
 
+# Deliveries shown by GET /v1/messages/{id}: every one of a send (at most 100); the first ones
+# of a campaign's message.
+MAX_VIEW_DELIVERIES = 1000
+
 # A send request or a campaign: the content and options they share are checked alike.
 _Request = TypeVar("_Request", SendMessage, CreateCampaign)
 
@@ -578,7 +582,11 @@ class SendService:
             message = await dlog.message(conn, message_id)
             if message is None or (message.client_id != client_id and not see_all):
                 return None
-            deliveries = await dlog.deliveries_of(conn, message_id)
+            # A campaign's message may have a million deliveries: the view shows the first
+            # ones (the campaign's counts are at GET /v1/campaigns/{id}).
+            deliveries = await dlog.deliveries_of(conn, message_id, limit=MAX_VIEW_DELIVERIES + 1)
+            truncated = len(deliveries) > MAX_VIEW_DELIVERIES
+            deliveries = deliveries[:MAX_VIEW_DELIVERIES]
             ids = [d.id for d in deliveries]
             attempts: dict[uuid.UUID, list[dlog.AttemptRow]] = {i: [] for i in ids}
             for a in sorted(await dlog.attempts_of(conn, ids), key=lambda a: a.number):
@@ -617,6 +625,7 @@ class SendService:
             response_code=message.response_code,
             created_at=message.created_at,
             completed_at=message.completed_at,
+            deliveries_truncated=truncated,
             deliveries=[
                 DeliveryView(
                     id=d.id,

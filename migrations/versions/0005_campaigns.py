@@ -1,7 +1,7 @@
 """campaigns: bulk sends (campaigns, campaign_recipients; deliveries.position as integer)
 
 Revision ID: 0005
-Revises: 0004
+Revises: 0011
 """
 
 from collections.abc import Sequence
@@ -11,12 +11,38 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0005"
-down_revision: str | None = "0004"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
+# The delivery statuses reported as outbound events (sender.events.DELIVERY_STATUSES): 0009's
+# list and `cancelled`, new here.
+_REPORTED_BEFORE = (
+    "'sent', 'delayed', 'delivered', 'read', 'bounced', 'complained', 'failed', "
+    "'suppressed', 'retrying', 'dead'"
+)
+_REPORTED = _REPORTED_BEFORE + ", 'cancelled'"
+
+
+def _delivery_triggers(reported: str) -> None:
+    op.execute("DROP TRIGGER IF EXISTS events_delivery_status ON deliveries")
+    op.execute("DROP TRIGGER IF EXISTS events_delivery_inserted ON deliveries")
+    op.execute(
+        f"""CREATE TRIGGER events_delivery_inserted AFTER INSERT ON deliveries
+    FOR EACH ROW WHEN (NEW.status IN ({reported}))
+    EXECUTE FUNCTION events_on_delivery()"""
+    )
+    op.execute(
+        f"""CREATE TRIGGER events_delivery_status AFTER UPDATE OF status ON deliveries
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status AND NEW.status IN ({reported}))
+    EXECUTE FUNCTION events_on_delivery()"""
+    )
+
+
 def upgrade() -> None:
+    # `cancelled` deliveries (a cancelled campaign) are reported as `delivery.cancelled`.
+    _delivery_triggers(_REPORTED)
     # A campaign delivery's position is its recipient's index in a list of up to 1,000,000.
     op.alter_column(
         "deliveries",
@@ -89,6 +115,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    _delivery_triggers(_REPORTED_BEFORE)
     op.drop_table("campaign_recipients")
     op.drop_index(
         "ix_campaigns_active",

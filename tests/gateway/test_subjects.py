@@ -19,7 +19,7 @@ from gateway.services import Services
 from gateway.settings import Settings
 from gateway.subjects import CIPHERTEXT_COLUMNS
 from retry.models import DeadLetter
-from sender.models import Attempt, Delivery, Message
+from sender.models import Attempt, Campaign, CampaignRecipient, Delivery, Message
 from sender.providers.base import OutgoingMessage
 from sender.providers.sandbox import FeedbackRunner, SandboxEmailProvider
 from suppression import service
@@ -222,6 +222,9 @@ async def test_erasure_leaves_no_plaintext_and_the_person_stays_suppressed(
         "provider_events": 2,
         "messages": 0,  # the content was also sent to OTHER, so it stays
         "sandbox_messages": 1,
+        "campaign_recipients": 0,
+        # the outbox's copies: the delivery's events and the suppression entries' added
+        "events": 3,
     }
     async with services.sessions() as s:
         assert await _plaintext_hits(s, PERSON) == []
@@ -397,6 +400,35 @@ async def test_subject_access_returns_everything_decrypted(
     assert r.status_code == 200 and r.json()["deliveries"] == [] and r.json()["suppressed"] is False
 
 
+async def _seed_campaign_list(services: Services, *addresses: str) -> None:
+    """A campaign (on the first message there is) whose uploaded list names `addresses`
+    (rows with a composite primary key)."""
+    p = services.protector
+    async with services.sessions() as s:
+        message = await s.scalar(select(Message).limit(1))
+        assert message is not None
+        campaign = Campaign(
+            client_id=message.client_id,
+            idempotency_key="sale",
+            fingerprint="f" * 64,
+            message_id=message.id,
+            read_count=len(addresses),
+        )
+        s.add(campaign)
+        await s.flush()
+        for position, rcpt in enumerate(addresses):
+            s.add(
+                CampaignRecipient(
+                    campaign_id=campaign.id,
+                    position=position,
+                    recipient_hash=p.hash("email", rcpt),
+                    recipient_encrypted=p.encrypt(rcpt),
+                    derived_key=uuid.uuid4().hex + uuid.uuid4().hex,
+                )
+            )
+        await s.commit()
+
+
 def _env(settings: Settings, keys: tuple[str, ...]) -> dict[str, str]:
     assert settings.database_url is not None
     return {
@@ -414,6 +446,7 @@ async def test_rotate_encryption_reencrypts_every_ciphertext_with_the_newest_key
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     await _seed_person(services, PERSON, shared_with=OTHER)
+    await _seed_campaign_list(services, PERSON, OTHER, "third@example.org")
     async with services.sessions() as s:
         # one value under the second (older) key, and one no key can read
         await s.execute(

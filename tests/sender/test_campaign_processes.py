@@ -157,6 +157,7 @@ async def test_two_worker_processes_send_each_delivery_exactly_once(
         GATEWAY_CAMPAIGN_BATCH="15",
         GATEWAY_CAMPAIGN_POLL_SECONDS="0.05",
         GATEWAY_WORKER_POLL_SECONDS="0.05",
+        GATEWAY_DB_POOL_SIZE="4",
         GATEWAY_DATA_DIR=str(tmp_path / "data"),
     )
     procs = [

@@ -119,7 +119,7 @@ async def test_campaign_counts_invalid_duplicate_suppressed_and_sends_each_once(
     assert r.status_code == 202, r.text
     assert r.json()["state"] == "expanding"
     assert (await show(gw, campaign_id))["state"] == "expanding"
-    assert await expand_all(gw, batch=2) == 3
+    assert await expand_all(gw, batch=2) == 4  # 8 list positions
     view = await show(gw, campaign_id)
     assert view["state"] == "sending"
     assert view["counts"] == {
@@ -327,3 +327,66 @@ async def test_list_and_visibility(gw: Gateway) -> None:
     assert len((await gw.client.get("/v1/campaigns", headers=admin)).json()["items"]) == 3
     r = await gw.client.get("/v1/campaigns", params={"cursor": "nope"}, headers=gw.headers)
     assert r.status_code == 400
+
+
+async def test_too_many_records_is_413_and_keeps_the_old_list(gw: Gateway) -> None:
+    campaign_id = await create(gw)
+    assert (await upload(gw, campaign_id, jsonl({"to": NUMBERS[0]}))).status_code == 200
+    gw.services.campaigns.max_recipients = 5
+    r = await upload(gw, campaign_id, jsonl(*({"to": n} for n in NUMBERS[:6])))
+    assert r.status_code == 413
+    assert r.json()["type"] == "urn:problem:too-many-recipients"
+    r = await upload(gw, campaign_id, jsonl(*({"to": n} for n in NUMBERS[:5])))
+    assert r.json() == {"recipients_read": 5, "invalid": 0, "duplicates": 0}
+    assert (await show(gw, campaign_id))["counts"]["read"] == 5
+
+
+async def test_erasure_reaches_a_campaign_list(gw: Gateway, twilio_stub: TwilioStub) -> None:
+    campaign_id = await create(gw)
+    await upload(
+        gw,
+        campaign_id,
+        jsonl({"to": NUMBERS[0], "metadata": {"name": "Ann"}}, {"to": NUMBERS[1]}),
+    )
+    admin = {"Authorization": f"Bearer {await gw.make_key('admin')}"}
+    r = await gw.client.delete(f"/v1/subjects/sms/{NUMBERS[0]}", headers=admin)
+    assert r.status_code == 200, r.text
+    assert r.json()["ciphertexts_destroyed"]["campaign_recipients"] == 1
+    async with pg_connection(gw.services.engine) as conn:
+        rows = await conn.fetch(
+            "SELECT position, recipient_encrypted, metadata FROM campaign_recipients "
+            "WHERE campaign_id = $1 ORDER BY position",
+            uuid.UUID(campaign_id),
+        )
+    assert (rows[0]["position"], rows[0]["recipient_encrypted"], rows[0]["metadata"]) == (
+        0,
+        None,
+        None,
+    )
+    assert rows[1]["recipient_encrypted"] is not None
+    await gw.client.post(f"/v1/campaigns/{campaign_id}/start", headers=gw.headers)
+    await expand_all(gw)
+    await drain(gw)
+    assert [call.body["To"] for call in twilio_stub.calls] == [NUMBERS[1]]
+    view = await show(gw, campaign_id)
+    assert (view["counts"]["sent"], view["counts"]["failed"]) == (1, 1)
+    assert view["state"] == "done"
+
+
+async def test_the_message_view_of_a_large_campaign_shows_the_first_1000_deliveries(
+    gw: Gateway,
+) -> None:
+    body = {"channel": "email", "subject": "Sale", "text": "20% off", "category": "marketing"}
+    campaign_id = await create(gw, body)
+    await upload(gw, campaign_id, jsonl(*({"to": f"user{i}@example.com"} for i in range(1001))))
+    await gw.client.post(f"/v1/campaigns/{campaign_id}/start", headers=gw.headers)
+    await expand_all(gw, batch=500)
+    view = await show(gw, campaign_id)
+    assert view["counts"]["queued"] == 1001
+    r = await gw.client.get(f"/v1/messages/{view['message_id']}", headers=gw.headers)
+    assert r.status_code == 200
+    assert r.json()["deliveries_truncated"] is True
+    deliveries = r.json()["deliveries"]
+    assert len(deliveries) == 1000
+    assert deliveries[0]["to"] == "user0@example.com"
+    assert deliveries[-1]["to"] == "user999@example.com"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sender.status import GATEWAY_STATES, SENDING, SUPPRESSED
+from sender.status import CANCELLED, GATEWAY_STATES, SENDING, SUPPRESSED
 from webhooks.state import (
     APPLIED,
     DUPLICATE,
@@ -73,10 +73,13 @@ def test_dispositions() -> None:
     assert disposition("sent", None) == IGNORED
 
 
-def test_suppressed_never_moves() -> None:
+@pytest.mark.parametrize("never_sent", [SUPPRESSED, CANCELLED])
+def test_suppressed_and_cancelled_never_move(never_sent: str) -> None:
+    # A cancelled campaign delivery was never handed to the provider by this queue entry: a
+    # late callback (of an older attempt) is recorded on that attempt only.
     for channel in CHANNELS:
         for state in states(channel):
-            result = step(channel, attempt_state=None, delivery_status=SUPPRESSED, new_state=state)
+            result = step(channel, attempt_state=None, delivery_status=never_sent, new_state=state)
             assert result.delivery_status is None
             assert result.attempt_state == state  # the attempt's own record still advances
 
