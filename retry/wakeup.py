@@ -12,7 +12,8 @@ poll interval:
   `pg_notify` statement per `NOTIFY_INTERVAL_SECONDS` (on a pooled connection, after the
   accepting transaction committed) carries every rank marked meanwhile. That keeps NOTIFY out
   of the send claim: a NOTIFY takes a database-wide lock at commit, which would serialize the
-  acceptance of every request. `listen()` holds one pooled connection per worker process.
+  acceptance of every request. `listen()` holds one connection of its own per worker process
+  (detached from the pool).
 
 The poll interval stays as the safety net (a lost notification, a listener reconnecting,
 deliveries that became due by time rather than by a new request: retries, deferrals).
@@ -26,8 +27,9 @@ import logging
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.util import greenlet_spawn
 
-from suppression.db import pg_connection
+from suppression.db import Pg, pg_connection
 
 log = logging.getLogger("retry.wakeup")
 
@@ -115,24 +117,26 @@ class Wakeup:
             await asyncio.sleep(RELISTEN_SECONDS)
 
     async def _listen_once(self, received: Any) -> None:
-        """LISTEN on one pooled connection until it closes (or the task is cancelled)."""
+        """LISTEN on a connection of its own until it closes (or the task is cancelled).
+
+        The connection is opened by the engine's pool but detached from it, and terminated
+        when done: a connection that listened (and might still be running its UNLISTEN when
+        the task is cancelled) never goes back to the pool for another caller."""
         assert self._engine is not None
         closed = asyncio.Event()
 
         def terminated(_conn: Any) -> None:
             closed.set()
 
-        async with pg_connection(self._engine) as conn:
+        fairy = await greenlet_spawn(self._engine.sync_engine.pool.connect)
+        conn: Pg = fairy.driver_connection
+        fairy.detach()
+        try:
             conn.add_termination_listener(terminated)
             await conn.add_listener(CHANNEL, received)
-            try:
-                await closed.wait()
-            finally:
-                # The connection goes back to the pool: it must not listen there.
-                conn.remove_termination_listener(terminated)
-                if not conn.is_closed():
-                    with contextlib.suppress(Exception):
-                        await asyncio.shield(conn.remove_listener(CHANNEL, received))
+            await closed.wait()
+        finally:
+            conn.terminate()
 
 
 __all__ = ["CHANNEL", "Wakeup"]

@@ -48,6 +48,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -61,6 +62,7 @@ from suppression.db import pg_connection, utcnow
 log = logging.getLogger("retry.worker")
 
 Dispatch = Callable[[uuid.UUID], Awaitable[str]]
+_T = TypeVar("_T")
 Clock = Callable[[], dt.datetime]
 
 # How long a cancelled worker lets provider calls already under way finish and record.
@@ -168,13 +170,21 @@ class Worker:
         loops.append(asyncio.create_task(self._sweep_loop(), name="sweeper"))
         loops.append(asyncio.create_task(self._wakeup.listen(), name="wakeup-listener"))
         try:
-            await asyncio.gather(*loops)
+            # asyncio.wait, unlike gather, does not cancel the loops when `run` is cancelled:
+            # each is cancelled exactly once below. A second cancellation could interrupt a
+            # claim's rollback and return its connection to the pool inside a transaction.
+            done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()  # a loop only ends by raising
         finally:
             for task in loops:
                 task.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
-            running = {t for lane in lanes for t in lane.tasks if not t.done()}
-            await asyncio.shield(self._finish_calls(running))
+            await asyncio.shield(self._stop(loops, lanes))
+
+    async def _stop(self, loops: list[asyncio.Task[None]], lanes: list[_Lane]) -> None:
+        await asyncio.gather(*loops, return_exceptions=True)
+        running = {t for lane in lanes for t in lane.tasks if not t.done()}
+        await self._finish_calls(running)
 
     async def _finish_calls(self, running: set[asyncio.Task[None]]) -> None:
         if running:
@@ -188,7 +198,7 @@ class Worker:
         every = min(max(s.stale_in_progress_seconds / 4, s.worker_poll_seconds), 60.0)
         while True:
             try:
-                await self.sweep()
+                await _uninterrupted(self.sweep())
             except Exception:
                 log.exception("retry worker sweep failed")
             await asyncio.sleep(every)
@@ -206,8 +216,15 @@ class Worker:
                 await lane.freed.wait()
             self._wakeup.clear(rank)
             asked = min(s.worker_batch, lane.free)
+            claim = asyncio.ensure_future(self._claim(asked, lane.min_rank, lane.max_rank))
             try:
-                items, result = await self._claim(asked, lane.min_rank, lane.max_rank)
+                items, result = await _uninterrupted(claim)
+            except asyncio.CancelledError:
+                # Stopped while claiming: the claim finished (see `_uninterrupted`); what it
+                # took goes back on the queue exactly as it was.
+                if claim.done() and not claim.cancelled() and claim.exception() is None:
+                    await asyncio.shield(self._release(claim.result()[0]))
+                raise
             except Exception:
                 log.exception("retry worker claim failed (%s lane); pausing", lane.name)
                 await asyncio.sleep(max(s.worker_poll_seconds, 1.0))
@@ -327,6 +344,20 @@ class Worker:
             await self._queue.requeue_undispatched(
                 conn, item, at=at, error=f"dispatch error: {type(exc).__name__}", now=now
             )
+
+
+async def _uninterrupted(work: Awaitable[_T]) -> _T:
+    """Await `work` so that cancelling the caller does not cut it short: a statement or
+    transaction interrupted half-way (cancelled between BEGIN and COMMIT, or in a rollback)
+    could return its pooled connection inside a transaction. On cancellation the work is
+    finished first, then the cancellation goes on."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await asyncio.wait({task})
+        raise
 
 
 __all__ = ["Dispatch", "RoundResult", "Worker"]

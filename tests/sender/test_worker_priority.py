@@ -201,3 +201,84 @@ async def test_two_worker_processes_send_each_delivery_once(
     assert set(per_recipient.values()) == {1}
     # Both processes ran the worker over the whole backlog.
     assert all("retry worker running" in e for e in errors)
+
+
+async def test_async_acceptance_wakes_a_worker_process_that_does_not_poll(
+    settings: Settings,
+    twilio_stub: TwilioStub,
+    make_gateway: Callable[..., contextlib.AbstractAsyncContextManager[Gateway]],
+) -> None:
+    # The worker process polls once an hour: only the NOTIFY of the accepting process (this
+    # one) can make it claim the accepted delivery while the test runs.
+    async with make_gateway(provider_settings(settings, twilio_api_base=twilio_stub.url)) as gw:
+        assert settings.database_url is not None
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")},
+            **gateway_env(
+                settings.database_url,
+                settings.redis_url,
+                GATEWAY_REDIS_PREFIX=settings.redis_prefix,
+                GATEWAY_SMS_PROVIDER="twilio",
+                GATEWAY_TWILIO_ACCOUNT_SID=ACCOUNT_SID,
+                GATEWAY_TWILIO_AUTH_TOKEN=AUTH_TOKEN,
+                GATEWAY_TWILIO_API_BASE=twilio_stub.url,
+                GATEWAY_SMS_FROM=SMS_FROM,
+                GATEWAY_RATE_LIMITS="twilio:*=100000",
+                GATEWAY_WORKER_POLL_SECONDS="3600",
+            ),
+        }
+        proc = await asyncio.create_subprocess_exec(
+            GATEWAY,
+            "worker",
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        err = b""
+        try:
+
+            async def listening() -> bool:
+                async with gw.services.sessions() as s:
+                    found = await s.scalar(
+                        text(
+                            "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                            "current_database() AND query LIKE 'LISTEN%gateway_deliveries_due%'"
+                        )
+                    )
+                return bool(found)
+
+            for _ in range(1500):  # a guard against hanging, not a timing assertion
+                if await listening() or proc.returncode is not None:
+                    break
+                await asyncio.sleep(0.02)
+            assert await listening(), proc.returncode
+            # The lanes' first claims (at start) found nothing; from now on only a wake-up
+            # makes them claim again.
+            await asyncio.sleep(0.5)
+            ids = []
+            for i in range(3):  # a NOTIFY sent before LISTEN took effect would be lost
+                r = await gw.send(
+                    sms(f"+1415557000{i}", priority="high"), headers={"Prefer": "respond-async"}
+                )
+                assert r.status_code == 202
+                ids.append(r.json()["deliveries"][0]["id"])
+                for _ in range(250):
+                    if twilio_stub.count:
+                        break
+                    await asyncio.sleep(0.02)
+                if twilio_stub.count:
+                    break
+            for _ in range(1500):
+                statuses = [(await delivery(gw.services, d)).status for d in ids]
+                if set(statuses) == {"sent"}:
+                    break
+                await asyncio.sleep(0.02)
+            assert set(statuses) == {"sent"}
+            assert sorted(c.recipient or "" for c in twilio_stub.calls) == [
+                f"+1415557000{i}" for i in range(len(ids))
+            ]
+        finally:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()
