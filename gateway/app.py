@@ -35,7 +35,8 @@ from gateway.auth import api_key_guard
 from gateway.health import healthz, readyz
 from gateway.inputs import check_request
 from gateway.keys_api import KeysController
-from gateway.metrics import metrics
+from gateway.logs import RequestContext
+from gateway.metrics import metrics, observe_request
 from gateway.problems import EXCEPTION_HANDLERS, PROBLEM_JSON
 from gateway.services import Services
 from gateway.settings import Settings
@@ -125,6 +126,8 @@ def create_app(
         },
         exception_handlers=EXCEPTION_HANDLERS,
         before_send=[complete_allow_header],
+        # Request id (X-Request-Id, log context), access line and request-duration metric.
+        middleware=[lambda app: RequestContext(app, observe_request)],
         request_max_body_size=settings.max_body_bytes,
         state=State({"services": services}),
         lifespan=[lifespan],
