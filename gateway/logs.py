@@ -80,10 +80,29 @@ def recipient_ref(address_hash: str) -> str:
 
 def _from_template(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     """Render a payload logger's record from its template, without the arguments."""
+    args = event_dict.pop("positional_args", None)
     record = event_dict.get("_record")
-    if isinstance(record, logging.LogRecord) and record.name.startswith(PAYLOAD_LOGGERS):
-        if record.args:
-            event_dict["event"] = f"{record.msg} [arguments omitted]"
+    if args and isinstance(record, logging.LogRecord) and record.name.startswith(PAYLOAD_LOGGERS):
+        event_dict["event"] = f"{record.msg} [arguments omitted]"
+    return event_dict
+
+
+# Attributes every LogRecord has (or gets from a formatter): not fields of the line.
+_RECORD_ATTRIBUTES = frozenset(logging.makeLogRecord({}).__dict__) | {
+    "message",
+    "asctime",
+    "color_message",
+    "taskName",
+}
+
+
+def _extra(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Fields given with `extra=` (e.g. a refused webhook's `provider` and `reason`)."""
+    record = event_dict.get("_record")
+    if isinstance(record, logging.LogRecord):
+        for key, value in record.__dict__.items():
+            if key not in _RECORD_ATTRIBUTES and key not in event_dict:
+                event_dict[key] = value
     return event_dict
 
 
@@ -122,9 +141,9 @@ def pre_chain() -> list[Processor]:
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
-        structlog.stdlib.ExtraAdder(),
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
         _from_template,
+        _extra,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
 
 
@@ -133,7 +152,8 @@ def formatter(fmt: str, *, scrubbed: bool = True) -> logging.Formatter:
     return structlog.stdlib.ProcessorFormatter(
         processors=processors(fmt, scrubbed=scrubbed),
         foreign_pre_chain=pre_chain(),
-        pass_foreign_args=False,
+        # The arguments reach `_from_template`, which drops them (payload loggers) or not.
+        pass_foreign_args=True,
     )
 
 

@@ -31,6 +31,7 @@ from suppression.db import pg_connection, utcnow
 from tests.conftest import bearer, gateway_env, replace_settings
 from tests.gateway.test_serve_workers import _insert_admin_key
 from tests.sender.helpers import email, sms
+from tests.support.leaks import find_leaks
 from tests.support.process import GATEWAY, clean_env, free_port, wait_answering
 
 # The sandbox's default SMS sender: its rate-limit key (a sender identity) is allowed in labels.
@@ -329,6 +330,8 @@ def test_serve_with_two_workers_sums_counters_and_computes_gauges_once(
         proc.terminate()
         _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err
+    # The processes' own log output (JSON lines) names none of the recipients.
+    assert err.strip() and find_leaks(err) == []
 
 
 class pg_sync:
