@@ -76,9 +76,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     loggers = sorted({name for name, _ in _scanner.found})
     sample = sorted({_masked(hit) for _, hit in _scanner.found})[:10]
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    message = (
-        f"personal data in {len(_scanner.found)} log line(s) of loggers {loggers}: {sample}"
-    )
+    message = f"personal data in {len(_scanner.found)} log line(s) of loggers {loggers}: {sample}"
     if reporter is not None:
         reporter.write_line(f"LOG LEAK: {message}", red=True)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
