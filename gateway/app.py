@@ -35,7 +35,7 @@ from gateway.auth import api_key_guard
 from gateway.health import healthz, readyz
 from gateway.inputs import check_request
 from gateway.keys_api import KeysController
-from gateway.logs import RequestContext
+from gateway.logs import RequestContext, ensure_request_id
 from gateway.metrics import metrics, observe_request
 from gateway.problems import EXCEPTION_HANDLERS, PROBLEM_JSON
 from gateway.services import Services
@@ -125,7 +125,7 @@ def create_app(
             "delivery_queue": Provide(provide_delivery_queue, sync_to_thread=False),
         },
         exception_handlers=EXCEPTION_HANDLERS,
-        before_send=[complete_allow_header],
+        before_send=[complete_allow_header, ensure_request_id],
         # Request id (X-Request-Id, log context), access line and request-duration metric.
         middleware=[lambda app: RequestContext(app, observe_request)],
         request_max_body_size=settings.max_body_bytes,

@@ -202,6 +202,19 @@ def request_id_of(headers: list[tuple[bytes, bytes]]) -> str:
     return uuid.uuid4().hex
 
 
+async def ensure_request_id(message: Message, scope: Scope) -> None:
+    """Litestar `before_send` hook: answers that no route produced (404, 405 before routing)
+    carry an `X-Request-Id` too (the client's when sane, else a new one)."""
+    if message["type"] != "http.response.start":
+        return
+    headers = list(message.get("headers", []))
+    if any(k.lower() == b"x-request-id" for k, _ in headers):
+        return
+    request_id = request_id_of(list(scope.get("headers", [])))
+    headers.append((b"x-request-id", request_id.encode("ascii")))
+    message["headers"] = headers
+
+
 access_log = logging.getLogger("gateway.access")
 Observe = Callable[[str, str, int, float], None]
 

@@ -286,3 +286,12 @@ async def test_the_request_id_reaches_the_attempts_and_the_workers_lines(
     assert {o.get("request_id") for o in dispatched} == {"rq-42"}
     # Nothing logged in all this names a recipient or the body.
     assert find_leaks(lines.getvalue()) == []
+
+
+async def test_every_answer_carries_a_request_id(client: httpx.AsyncClient) -> None:
+    unrouted = await client.get("/no/such/route", headers={"X-Request-Id": "nf-1"})
+    assert unrouted.status_code == 404 and unrouted.headers["x-request-id"] == "nf-1"
+    unauthorized = await client.get("/v1/keys", headers={"X-Request-Id": "bad id"})
+    assert unauthorized.status_code == 401
+    assert re.fullmatch("[0-9a-f]{32}", unauthorized.headers["x-request-id"])
+    assert len(unauthorized.headers.get_list("x-request-id")) == 1
