@@ -62,11 +62,15 @@ EMAIL_PATTERN = re.compile(
     r"[A-Za-z0-9._%+'-]+(?:@|%40|%2540)[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+", re.IGNORECASE
 )
 PHONE_PATTERN = re.compile(r"(?:\+|%2B|%252B)\d[\d().\s-]{5,18}\d", re.IGNORECASE)
+# The gateway's API keys (`gw_` + token) and bearer credentials.
+SECRET_PATTERN = re.compile(r"\bgw_[A-Za-z0-9_-]{16,}|(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}")
 
 
 def scrub(text: str) -> str:
-    """`text` with anything that looks like an email address or an E.164 number (also
-    URL-encoded) replaced."""
+    """`text` with anything that looks like an email address, an E.164 number (also
+    URL-encoded) or an API key replaced."""
+    if "gw_" in text or "earer" in text:
+        text = SECRET_PATTERN.sub("[secret]", text)
     if "@" not in text and "%" not in text and "+" not in text:
         return text
     return PHONE_PATTERN.sub("[number]", EMAIL_PATTERN.sub("[address]", text))
@@ -260,17 +264,18 @@ class RequestContext:
             method = str(scope.get("method", ""))
             if self.observe is not None:
                 self.observe(method, route, status, seconds)
-            access_log.info(
-                "%s %s %s %.1fms",
-                method,
-                route,
-                status,
-                seconds * 1000,
-                extra={
-                    "request_id": request_id,
-                    "method": method,
-                    "route": route,
-                    "status": status,
-                    "duration_ms": round(seconds * 1000, 1),
-                },
-            )
+            if access_log.isEnabledFor(logging.INFO):
+                access_log.info(
+                    "%s %s %s %.1fms",
+                    method,
+                    route,
+                    status,
+                    seconds * 1000,
+                    extra={
+                        "request_id": request_id,
+                        "method": method,
+                        "route": route,
+                        "status": status,
+                        "duration_ms": round(seconds * 1000, 1),
+                    },
+                )

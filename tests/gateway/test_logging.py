@@ -141,6 +141,8 @@ def test_a_line_is_one_json_object_with_context_and_no_personal_data(
     assert first["request_id"] == "req-1" and first["k"] == 1 and first["timestamp"]
     assert "BODY-MARKER" not in json.dumps(boto) and "arguments omitted" in boto["event"]
     assert "%2B1415" not in twilio["event"]
+    logging.getLogger("httpx").warning("Authorization: Bearer gw_abcdefghijklmnopqrstuvwx")
+    assert "abcdefghijklmnop" not in lines.getvalue()
     assert find_leaks(lines.getvalue()) == []
     # The suite's own leak detector (tests/support/leaks.py) sees further than the redaction.
     assert find_leaks("To=14155552672 ann%40example.com BODY-MARKER-0a1b2c3d") == [
