@@ -63,6 +63,23 @@ def pytest_configure(config: pytest.Config) -> None:
     root.setLevel(logging.DEBUG)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Keep the DEBUG records this plugin makes pytest capture out of the reports (which the
+    terminal reporter keeps for the whole session): only lines of the levels captured before
+    it (INFO and above) stay in a failing test's "Captured log" sections."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    sections = []
+    for title, text in report.sections:
+        if title.startswith("Captured log"):
+            text = "\n".join(line for line in text.splitlines() if not line.startswith("DEBUG"))
+            if report.passed or not text.strip():
+                continue
+        sections.append((title, text))
+    report.sections = sections
+
+
 def _masked(hit: str) -> str:
     return hit[:3] + "*" * max(0, len(hit) - 3)
 
