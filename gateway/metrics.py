@@ -31,6 +31,7 @@ import contextlib
 import datetime as dt
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -90,7 +91,14 @@ def enable_multiprocess(settings: Settings, *, clean: bool) -> Path:
     prometheus-client's multiprocess mode; `clean` (the `serve` parent) removes the files of
     processes that are no longer running. Call before any metric is incremented."""
     path = metrics_dir(settings).resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        # A read-only working directory (a container without GATEWAY_METRICS_DIR): the
+        # processes this one starts still share a directory; a separate `gateway worker`
+        # does not (set GATEWAY_METRICS_DIR for that).
+        path = Path(tempfile.mkdtemp(prefix="gateway-metrics-"))
+        log.warning("metrics directory not writable (%s): using %s", type(exc).__name__, path)
     if clean:
         for file in path.glob("*.db"):
             pid = file.stem.rsplit("_", 1)[-1]

@@ -358,3 +358,24 @@ class pg_sync:
 
     def __exit__(self, *exc: object) -> None:
         self.engine.dispose()
+
+
+def test_an_unwritable_metrics_directory_falls_back_to_a_private_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prometheus_client import values
+
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    saved = values.ValueClass
+    try:
+        path = gateway_metrics.enable_multiprocess(
+            Settings(metrics_dir=blocked / "metrics"), clean=True
+        )
+        assert path.is_dir() and path != blocked / "metrics"
+        assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(path)
+        path.rmdir()
+    finally:
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        values.ValueClass = saved
