@@ -145,8 +145,9 @@ async def reputation_rates(services: Services, conn: Pg) -> Iterable[tuple[str, 
 
 async def outbound_backlog(services: Services, conn: Pg) -> int | None:
     """HOOK (outbound events): how many outbound events wait to be delivered to
-    subscribers, rendered as `gateway_outbound_event_backlog`; None while the gateway has no
-    outbound events (the family is declared without a sample). Called once per scrape."""
+    subscribers, rendered as `gateway_outbound_event_backlog`; None while events are only
+    served as a feed (`GET /v1/events`), not pushed (the family is declared without a sample).
+    Called once per scrape."""
     return None
 
 
