@@ -46,6 +46,7 @@ from sender.api import MessagesController
 from sender.mailbox_api import SandboxMailboxController
 from suppression.api import ROUTES as SUPPRESSION_ROUTES
 from webhooks.api import ROUTES as WEBHOOK_ROUTES
+from webhooks.outbound.api import ROUTES as OUTBOUND_ROUTES
 
 log = logging.getLogger("gateway")
 
@@ -77,6 +78,7 @@ def route_handlers() -> list[Any]:
     handlers += [*SUPPRESSION_ROUTES, *SUBJECT_ROUTES]
     handlers += [MessagesController, SandboxMailboxController]
     handlers += WEBHOOK_ROUTES
+    handlers += OUTBOUND_ROUTES
     handlers.append(DeadLetterController)
     return handlers
 

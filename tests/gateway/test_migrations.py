@@ -13,7 +13,8 @@ import gateway.models  # noqa: F401  (register every table on the metadata)
 import retry.models  # noqa: F401
 import sender.models  # noqa: F401
 import suppression.models  # noqa: F401
-import webhooks.models  # noqa: F401
+import webhooks.models
+import webhooks.outbound.models  # noqa: F401
 from gateway import migrate
 from suppression.db import Base
 
