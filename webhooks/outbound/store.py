@@ -375,10 +375,10 @@ async def record_try(
         "WITH a AS (INSERT INTO webhook_attempts (id, delivery_id, endpoint_id, event_id, "
         "event_type, attempted_at, status_code, latency_ms, error) "
         "VALUES (gen_random_uuid(), $1, $2, $3, $4, $5, $6, $7, $8)) "
-        "UPDATE webhook_deliveries SET status = $9, attempts = attempts + 1, "
+        "UPDATE webhook_deliveries SET status = $9::text, attempts = attempts + 1, "
         "next_attempt_at = $10, leased_until = NULL, last_attempt_at = $5, "
         "last_status_code = $6, last_error = $8, "
-        f"delivered_at = CASE WHEN $9 = '{DELIVERED}' THEN $11 ELSE delivered_at END "
+        f"delivered_at = CASE WHEN $9::text = '{DELIVERED}' THEN $11 ELSE delivered_at END "
         f"WHERE id = $1 AND status = '{PENDING}' RETURNING status",
         item.id,
         item.endpoint_id,
