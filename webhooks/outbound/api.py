@@ -279,7 +279,9 @@ class WebhookEndpointsController(Controller):
         summary="Rotate the signing secret (the old one signs beside it for 24 hours)",
         responses={404: _NOT_FOUND},
     )
-    async def rotate(self, endpoint_id: uuid.UUID, endpoints: Endpoints) -> WebhookEndpointSecretView:
+    async def rotate(
+        self, endpoint_id: uuid.UUID, endpoints: Endpoints
+    ) -> WebhookEndpointSecretView:
         """A new secret, returned once. For 24 hours every push carries two signatures in
         `webhook-signature`, one by the new secret and one by the old, space-separated."""
         try:

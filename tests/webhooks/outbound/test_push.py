@@ -36,7 +36,9 @@ async def test_the_answer_carries_the_secret_once_and_it_is_stored_encrypted(
     assert [e["id"] for e in listed.json()] == [endpoint["id"]]
     assert endpoint["secret"] not in listed.text
     async with services.engine.connect() as conn:
-        stored = (await conn.exec_driver_sql("SELECT secret_encrypted FROM webhook_endpoints")).all()
+        stored = (
+            await conn.exec_driver_sql("SELECT secret_encrypted FROM webhook_endpoints")
+        ).all()
     assert endpoint["secret"] not in stored[0][0]
     assert services.protector.decrypt(stored[0][0]) == endpoint["secret"]
 
