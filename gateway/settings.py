@@ -101,6 +101,9 @@ class Settings:
     sandbox_feedback_delay_seconds: float = 0.2
     # AWS_REGION (or AWS_DEFAULT_REGION): the SES region.
     aws_region: str | None = None
+    # Outbound events (sender.events): how long event rows are kept (the feed's cursors stay
+    # valid this long); the worker's sweep prunes older ones.
+    event_retention_days: int = 30
 
     @property
     def embedded_database(self) -> bool:
@@ -403,6 +406,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             env, "GATEWAY_SANDBOX_FEEDBACK_DELAY_SECONDS", 0.2, float, 0.0
         ),
         aws_region=_str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION"),
+        event_retention_days=_number(env, "GATEWAY_EVENT_RETENTION_DAYS", 30, int, 1),
     )
     _check_consistency(settings, env)
     return settings
