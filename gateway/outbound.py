@@ -1,64 +1,26 @@
 """Wiring of outbound webhooks: the push client, the pusher, the endpoint operations, and the
-adapters they need from other packages (the event feed; whether an API key is active).
+event feed with the API-key look-ups that decide each endpoint's visibility.
 
-`webhooks.outbound` reads the event feed only through its `EventFeed` protocol and never
-touches the API-key table: both are handed in here.
+`webhooks.outbound` reads the event feed through `sender.events` and never touches the
+API-key table: the key look-ups are handed in here.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.keys import active_scopes
 from gateway.settings import Settings
 from suppression.crypto import AddressProtector
-from suppression.db import Pg, pg_connection
+from suppression.db import pg_connection
 from webhooks.outbound.client import PushClient
 from webhooks.outbound.endpoints import Endpoints, KeyCheck
-from webhooks.outbound.feed import EventFeed, FeedEvent
+from webhooks.outbound.feed import EventFeed, SenderEventFeed
 from webhooks.outbound.policy import EVENT_TYPES
 from webhooks.outbound.pusher import OutboundWorker, Pusher
-
-
-class NoFeed:
-    """An event feed without events (until the outbox is wired)."""
-
-    async def head(self, conn: Pg) -> str | None:
-        """No position."""
-        return None
-
-    async def read(
-        self,
-        conn: Pg,
-        *,
-        after: str | None,
-        api_key_id: uuid.UUID,
-        types: Sequence[str] | None,
-        limit: int,
-    ) -> tuple[list[FeedEvent], str | None]:
-        """Nothing new."""
-        return [], after
-
-    async def since(
-        self,
-        conn: Pg,
-        *,
-        since: dt.datetime,
-        until_cursor: str | None,
-        api_key_id: uuid.UUID,
-        types: Sequence[str] | None,
-        limit: int,
-    ) -> list[FeedEvent]:
-        """Nothing."""
-        return []
-
-    async def bodies(self, conn: Pg, event_ids: Sequence[str]) -> dict[str, str]:
-        """Nothing."""
-        return {}
 
 
 def key_check(engine: AsyncEngine) -> KeyCheck:
@@ -66,10 +28,7 @@ def key_check(engine: AsyncEngine) -> KeyCheck:
 
     async def is_active(key_id: uuid.UUID) -> bool:
         async with pg_connection(engine) as conn:
-            found = await conn.fetchval(
-                "SELECT 1 FROM api_keys WHERE id = $1 AND revoked_at IS NULL", key_id
-            )
-        return found is not None
+            return await active_scopes(conn, key_id) is not None
 
     return is_active
 
@@ -100,7 +59,7 @@ def build_outbound(
         max_connections=s.concurrency,
         ca_bundle=s.ca_bundle,
     )
-    feed: EventFeed = NoFeed()
+    feed = SenderEventFeed(protector, active_scopes)
     pusher = Pusher(engine, protector, s, feed, client)
     endpoints = Endpoints(
         protector, pusher, feed, event_types=EVENT_TYPES, key_is_active=key_check(engine)

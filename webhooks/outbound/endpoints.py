@@ -231,7 +231,6 @@ class Endpoints:
             events = await self._feed.since(
                 conn,
                 since=since,
-                until_cursor=endpoint.feed_cursor,
                 api_key_id=endpoint.api_key_id,
                 types=None if ALL_EVENTS in endpoint.events else endpoint.events,
                 limit=MAX_REPLAY + 1,

@@ -6,6 +6,10 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
+from sender.events import EVENT_TYPES
+
+__all__ = ["ALL_EVENTS", "EVENT_TYPES"]
+
 ALL_EVENTS = "*"
 
 
@@ -40,20 +44,3 @@ def signing_secrets(
     if previous is not None and previous_expires_at is not None and now < previous_expires_at:
         return [current, previous]
     return [current]
-
-
-# The event types an endpoint may subscribe to (besides `*`).
-EVENT_TYPES = (
-    "delivery.sent",
-    "delivery.delayed",
-    "delivery.delivered",
-    "delivery.read",
-    "delivery.bounced",
-    "delivery.complained",
-    "delivery.failed",
-    "delivery.suppressed",
-    "delivery.retrying",
-    "delivery.dead",
-    "suppression.added",
-    "suppression.removed",
-)

@@ -107,7 +107,7 @@ _C = (
 
 
 def _claimed(row: Any) -> Claimed:
-    values = list(row.values())
+    values = list(row.values())[: len(_C.split(","))]
     values[0] = uuid.UUID(str(values[0]))
     values[1] = uuid.UUID(str(values[1]))
     values[8] = uuid.UUID(str(values[8]))
@@ -286,25 +286,30 @@ async def add_deliveries(
     return int(result.rsplit(" ", 1)[-1])
 
 
+# Oldest due first; among equals, in event order (ids of one transaction's events grow:
+# `evt_9` before `evt_10`). Best effort only: tries run concurrently and ordering is not
+# promised to receivers.
+_ORDER = "d.next_attempt_at, d.occurred_at, length(d.event_id), d.event_id"
+
 _CLAIM_DUE = f"""
 WITH picked AS (
-    SELECT d.id
+    SELECT d.id, d.next_attempt_at AS due
     FROM webhook_endpoints e
     CROSS JOIN LATERAL (
-        SELECT d.id, d.next_attempt_at FROM webhook_deliveries d
+        SELECT d.id, d.next_attempt_at, d.occurred_at, d.event_id FROM webhook_deliveries d
         WHERE d.endpoint_id = e.id AND d.status = '{PENDING}' AND d.next_attempt_at <= $1
-        ORDER BY d.next_attempt_at
+        ORDER BY {_ORDER}
         LIMIT $3
         FOR UPDATE OF d SKIP LOCKED
     ) d
     WHERE e.enabled AND NOT (e.id = ANY($5::uuid[]))
-    ORDER BY d.next_attempt_at
+    ORDER BY {_ORDER}
     LIMIT $4
 )
 UPDATE webhook_deliveries d SET next_attempt_at = $2, leased_until = $2
 FROM picked, webhook_endpoints e
 WHERE d.id = picked.id AND e.id = d.endpoint_id
-RETURNING {_C}
+RETURNING {_C}, picked.due
 """
 
 
@@ -320,8 +325,11 @@ async def claim_due(
     """Lease up to `limit` due deliveries of enabled endpoints, at most `per_endpoint` of any
     one and none of `exclude` (endpoints this worker has enough under way for): a backlog
     towards one endpoint never fills the batch. `FOR UPDATE SKIP LOCKED`: concurrent workers
-    never claim the same row; the lease is committed with the claim."""
+    never claim the same row; the lease is committed with the claim. Oldest due first."""
     rows = await conn.fetch(_CLAIM_DUE, now, lease_until, per_endpoint, limit, list(exclude))
+    rows = sorted(
+        rows, key=lambda r: (r["due"], r["occurred_at"], len(r["event_id"]), r["event_id"])
+    )
     return [_claimed(r) for r in rows]
 
 
