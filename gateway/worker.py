@@ -93,10 +93,16 @@ async def _run_all(services: Services) -> None:
     ]
     try:
         await asyncio.gather(*tasks)
-    finally:
+    except asyncio.CancelledError:
+        # gather has cancelled both: let them stop gracefully (a second cancel would cut
+        # their shutdown grace short).
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    except Exception:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def run_worker_until_signalled(services: Services) -> None:

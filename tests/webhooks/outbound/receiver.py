@@ -168,7 +168,10 @@ class Receiver:
         if tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(str(tls[0]), str(tls[1]))
-            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+            # The handshake happens in the request's own thread, not in the accepting one.
+            self._server.socket = context.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
             self.scheme = "https"
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
