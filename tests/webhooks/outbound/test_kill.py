@@ -90,8 +90,7 @@ async def test_a_worker_killed_mid_push_loses_no_event(
     receiver.release.set()
     async with pg_connection(services.engine) as conn:
         row = await conn.fetchrow(
-            "SELECT status, attempts, leased_until FROM webhook_deliveries "
-            "WHERE event_id = $1",
+            "SELECT status, attempts, leased_until FROM webhook_deliveries WHERE event_id = $1",
             held.webhook_id,
         )
     # claimed and leased, never recorded: the dead worker's try left no outcome

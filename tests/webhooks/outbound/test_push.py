@@ -376,3 +376,34 @@ async def test_a_hanging_endpoint_does_not_hold_another(
                 with contextlib.suppress(asyncio.CancelledError):
                     await run
     assert sorted(r.webhook_id for r in receiver.requests) == sorted(fast_ids)
+
+
+async def test_a_key_rotation_reencrypts_the_signing_secrets(
+    client: httpx.AsyncClient, make_key: MakeKey, receiver: Receiver, services: Services
+) -> None:
+    from cryptography.fernet import Fernet
+
+    from gateway.subjects import rotate_encryption
+    from suppression.crypto import AddressProtector
+    from tests.conftest import TEST_FERNET_KEYS, TEST_HASH_KEY
+
+    admin = await make_key("admin")
+    endpoint = await create_endpoint(client, admin, receiver)
+    rotated = await client.post(
+        f"/v1/webhook-endpoints/{endpoint['id']}/rotate-secret", headers=bearer(admin)
+    )
+    newest = Fernet.generate_key().decode()
+    report = await rotate_encryption(
+        services.sessions, AddressProtector(TEST_HASH_KEY, (newest, *TEST_FERNET_KEYS))
+    )
+    assert report.rotated["webhook_endpoints.secret_encrypted"] == 1
+    assert report.rotated["webhook_endpoints.previous_secret_encrypted"] == 1
+    only_newest = AddressProtector(TEST_HASH_KEY, (newest,))
+    async with services.engine.connect() as conn:
+        (current, previous), *_ = (
+            await conn.exec_driver_sql(
+                "SELECT secret_encrypted, previous_secret_encrypted FROM webhook_endpoints"
+            )
+        ).all()
+    assert only_newest.decrypt(current) == rotated.json()["secret"]
+    assert only_newest.decrypt(previous) == endpoint["secret"]
