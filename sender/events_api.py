@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Any, Protocol
 
 import msgspec
@@ -39,7 +40,8 @@ class _Principal(Protocol):
     scopes: frozenset[str]
 
 
-class FeedWiring(Protocol):
+@dataclass(frozen=True)
+class FeedWiring:
     """What the feed needs from the composition root's services."""
 
     engine: AsyncEngine
@@ -47,9 +49,8 @@ class FeedWiring(Protocol):
 
 
 def provide_feed_wiring(state: State) -> FeedWiring:
-    """The process's services (`engine`, `protector`), wired by the composition root."""
-    wiring: FeedWiring = state.services
-    return wiring
+    """The engine and protector of the process's services (wired by the composition root)."""
+    return FeedWiring(engine=state.services.engine, protector=state.services.protector)
 
 
 class EventItem(msgspec.Struct, kw_only=True):

@@ -1107,12 +1107,14 @@ async def search(conn: Pg, where: MessageFilter, *, limit: int) -> list[MessageR
     if where.client_id is not None:
         clauses.append(f"m.client_id = {arg(where.client_id)}")
     if where.recipient is not None:
+        # With `status` too, the same delivery (that recipient's) must have that status.
         channel, address_hash = where.recipient
+        status = f" AND d.status = {arg(where.status)}" if where.status is not None else ""
         clauses.append(
             "m.id IN (SELECT d.message_id FROM deliveries d "
-            f"WHERE d.channel = {arg(channel)} AND d.recipient_hash = {arg(address_hash)})"
+            f"WHERE d.channel = {arg(channel)} AND d.recipient_hash = {arg(address_hash)}{status})"
         )
-    if where.status is not None:
+    elif where.status is not None:
         clauses.append(
             "EXISTS (SELECT 1 FROM deliveries s "
             f"WHERE s.message_id = m.id AND s.status = {arg(where.status)})"

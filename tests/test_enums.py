@@ -17,7 +17,7 @@ import yaml
 from gateway.keys import SCOPES
 from retry import dlq
 from retry.breaker import STATES as BREAKER_STATES
-from sender import schemas
+from sender import events, schemas
 from sender import status as st
 from suppression import service, views
 from suppression.normalize import CHANNELS
@@ -53,6 +53,7 @@ ENUMS: dict[str, tuple[tuple[str, ...], Any]] = {
         outbound_store.DISABLED_REASONS,
         outbound_api.DisabledReasonName,
     ),
+    "event type": (events.EVENT_TYPES, events.EventType),
 }
 
 # (schema, property) of openapi.yaml -> the enum it must list
@@ -74,6 +75,11 @@ OPENAPI_FIELDS: dict[tuple[str, str], str] = {
     ("HistoryView", "source_type"): "source type",
     ("WebhookAttemptView", "delivery_status"): "webhook delivery status",
     ("WebhookEndpointView", "disabled_reason"): "webhook endpoint disabled reason",
+    ("EventItem", "type"): "event type",
+    ("DeliveryStatusView", "status"): "delivery status",
+    ("MessageSummary", "channel"): "channel",
+    ("MessageSummary", "category"): "category",
+    ("MessageSummary", "priority"): "priority",
 }
 
 

@@ -27,6 +27,10 @@ EXPECTED_TABLES = {
     "suppression_history",
     "dead_letters",
     "api_keys",
+    "events",
+    "webhook_endpoints",
+    "webhook_deliveries",
+    "webhook_attempts",
 }
 
 

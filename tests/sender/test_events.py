@@ -108,6 +108,8 @@ async def test_bounce_yields_sent_bounced_then_suppression_added(
     assert suppressed.type == "delivery.suppressed"
     assert suppressed.data["delivery_id"] == again["deliveries"][0]["id"]
     assert suppressed.data["previous_status"] is None
+    # the claim's message row (same statement) is seen by the trigger: the owner is known
+    assert suppressed.message_owner == first.message_owner
 
 
 async def test_suppression_removed_says_who_removed_it(services: Services) -> None:
