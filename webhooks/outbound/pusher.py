@@ -52,6 +52,8 @@ SHUTDOWN_GRACE_SECONDS = 5.0
 # How long old tries and finished deliveries are kept.
 RETENTION = dt.timedelta(days=30)
 PRUNE_EVERY_SECONDS = 3600.0
+# How often an endpoint's cursor is moved past a stretch of the feed with nothing for it.
+CURSOR_IDLE_WRITE_SECONDS = 30.0
 
 
 class Pusher:
@@ -172,6 +174,8 @@ class OutboundWorker:
         self._per_endpoint: collections.Counter[uuid.UUID] = collections.Counter()
         self._endpoint_limits: dict[uuid.UUID, asyncio.Semaphore] = {}
         self._wake = asyncio.Event()
+        # When this worker last moved each endpoint's cursor (monotonic seconds).
+        self._cursor_written: dict[uuid.UUID, float] = {}
 
     # -- fan-out ------------------------------------------------------------------------------
 
@@ -203,6 +207,13 @@ class OutboundWorker:
             )
             if cursor == endpoint.feed_cursor:
                 return 0
+            if not events and time.monotonic() - self._cursor_written.get(endpoint_id, 0.0) < (
+                CURSOR_IDLE_WRITE_SECONDS
+            ):
+                # Nothing new: the feed's horizon moved on, but writing the endpoint row every
+                # round for that is not worth it (reading from a slightly older cursor is
+                # cheap and skips nothing).
+                return 0
             news = [
                 store.NewDelivery(e.id, e.type, e.occurred_at)
                 for e in events
@@ -210,7 +221,8 @@ class OutboundWorker:
             ]
             added = await store.add_deliveries(conn, endpoint_id, news, now=now)
             await store.set_cursor(conn, endpoint_id, cursor)
-            return added
+        self._cursor_written[endpoint_id] = time.monotonic()
+        return added
 
     # -- push ---------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@ signed pushes, as the receiving service sees them."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable
@@ -132,3 +133,21 @@ async def test_a_new_endpoint_starts_at_the_feed_end_and_replay_reaches_back(
         "delivery.sent",
     ]
     assert {r.event["data"]["message_id"] for r in receiver.requests} == {before["id"]}
+
+
+async def test_workers_fanning_out_and_pushing_side_by_side_send_each_event_once(
+    client: httpx.AsyncClient, make_key: MakeKey, receiver: Receiver, services: Services
+) -> None:
+    admin = await make_key("admin")
+    sender = await make_key("send", "read")
+    await create_endpoint(client, admin, receiver, api_key_id=await _key_id(services, sender))
+    for _ in range(5):
+        await _send(client, sender, "success@simulator.amazonses.com")
+    await services.sandbox_feedback.drain()
+    async with pushing(services) as one, pushing(services) as two, pushing(services) as three:
+        await asyncio.gather(one.drain(), two.drain(), three.drain())
+    ids = [r.webhook_id for r in receiver.requests]
+    assert len(ids) == len(set(ids)) == 10  # sent + delivered of five messages, once each
+    assert sorted(r.event["type"] for r in receiver.requests) == sorted(
+        ["delivery.sent", "delivery.delivered"] * 5
+    )
