@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from suppression.crypto import AddressProtector
@@ -117,6 +118,13 @@ class Pusher:
         return result
 
     async def _record(self, item: store.Claimed, result: TryResult, *, retry: bool) -> None:
+        try:
+            await self._record_try(item, result, retry=retry)
+        except asyncpg.ForeignKeyViolationError:
+            # The endpoint was deleted (with its deliveries) while this try was under way.
+            log.info("webhook endpoint %s was deleted during a push", item.endpoint_id)
+
+    async def _record_try(self, item: store.Claimed, result: TryResult, *, retry: bool) -> None:
         now = self._clock()
         schedule = self.settings.retry_schedule if retry else ()
         next_at = None if result.ok else next_attempt_at(item.attempts + 1, schedule, now)

@@ -7,9 +7,11 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import logging
 from collections.abc import Awaitable, Callable
 
 import httpx
+import pytest
 from standardwebhooks.webhooks import Webhook
 
 from gateway.services import Services
@@ -407,3 +409,27 @@ async def test_a_key_rotation_reencrypts_the_signing_secrets(
         ).all()
     assert only_newest.decrypt(current) == rotated.json()["secret"]
     assert only_newest.decrypt(previous) == endpoint["secret"]
+
+
+async def test_an_endpoint_deleted_during_a_push_is_no_error(
+    client: httpx.AsyncClient,
+    make_key: MakeKey,
+    receiver: Receiver,
+    services: Services,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    admin = await make_key("admin")
+    endpoint = await create_endpoint(client, admin, receiver)
+    await queue_event(services, endpoint["id"])
+    receiver.script.append(HANG)
+    async with pushing(services) as worker:
+        pushing_now = asyncio.create_task(worker.drain())
+        await asyncio.to_thread(receiver.wait_for, 1)
+        url = f"/v1/webhook-endpoints/{endpoint['id']}"
+        assert (await client.delete(url, headers=bearer(admin))).status_code == 204
+        receiver.release.set()
+        assert await pushing_now == 1
+    async with services.engine.connect() as conn:
+        left = (await conn.exec_driver_sql("SELECT count(*) FROM webhook_attempts")).scalar()
+    assert left == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
