@@ -16,6 +16,7 @@ from standardwebhooks.webhooks import Webhook
 
 from gateway.services import Services
 from tests.conftest import bearer
+from tests.sender.helpers import email
 from tests.webhooks.outbound.receiver import HANG, Receiver
 
 from .conftest import Clock, pushing
@@ -136,11 +137,18 @@ async def test_500_twice_then_200_gets_the_same_webhook_id_three_times(
     client: httpx.AsyncClient, make_key: MakeKey, receiver: Receiver, services: Services
 ) -> None:
     admin = await make_key("admin")
-    endpoint = await create_endpoint(client, admin, receiver)
-    event_id = await queue_event(services, endpoint["id"])
+    endpoint = await create_endpoint(client, admin, receiver, events=["delivery.sent"])
+    sent = await client.post(
+        "/v1/messages",
+        json=email("success@simulator.amazonses.com"),
+        headers={**bearer(admin), "Idempotency-Key": '"three-tries"'},
+    )
+    assert sent.status_code == 201, sent.text
     receiver.script.extend([500, 500, 200])
     async with pushing(services) as worker:
         assert await worker.drain() == 3
+    event_id = receiver.requests[0].webhook_id
+    assert receiver.requests[0].event["type"] == "delivery.sent"
     assert [r.webhook_id for r in receiver.requests] == [event_id] * 3
     assert all(r.verified_by == [endpoint["secret"]] for r in receiver.requests)
     assert len({r.body for r in receiver.requests}) == 1
@@ -433,3 +441,20 @@ async def test_an_endpoint_deleted_during_a_push_is_no_error(
         left = (await conn.exec_driver_sql("SELECT count(*) FROM webhook_attempts")).scalar()
     assert left == 0
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_certificate_the_client_does_not_trust_fails_the_try(
+    client: httpx.AsyncClient, make_key: MakeKey, receiver: Receiver, services: Services
+) -> None:
+    admin = await make_key("admin")
+    endpoint = await create_endpoint(client, admin, receiver)
+    system_trust = dataclasses.replace(services.settings.outbound, ca_bundle=None)
+    await queue_event(services, endpoint["id"])
+    async with pushing(services, settings=system_trust) as worker:
+        await worker.drain()
+    assert receiver.requests == []
+    attempts = (
+        await client.get(f"/v1/webhook-endpoints/{endpoint['id']}/attempts", headers=bearer(admin))
+    ).json()
+    assert len(attempts) == 3 and all(a["status_code"] is None for a in attempts)
+    assert "CERTIFICATE_VERIFY_FAILED" in attempts[0]["error"]
