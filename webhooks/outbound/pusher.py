@@ -29,7 +29,7 @@ from collections.abc import Callable
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from suppression.crypto import AddressProtector
+from suppression.crypto import AddressProtector, InvalidToken
 from suppression.db import pg_connection, utcnow
 from webhooks.outbound import store
 from webhooks.outbound.client import PushClient, TryResult
@@ -100,14 +100,21 @@ class Pusher:
             await self._record(item, result, retry=False)
             return result
         now = self._clock()
-        secrets = signing_secrets(
-            self._protector.decrypt(item.secret_encrypted),
-            self._protector.decrypt(item.previous_secret_encrypted)
-            if item.previous_secret_encrypted
-            else None,
-            item.previous_secret_expires_at,
-            now,
-        )
+        try:
+            secrets = signing_secrets(
+                self._protector.decrypt(item.secret_encrypted),
+                self._protector.decrypt(item.previous_secret_encrypted)
+                if item.previous_secret_encrypted
+                else None,
+                item.previous_secret_expires_at,
+                now,
+            )
+        except InvalidToken:
+            # GATEWAY_SECRET_KEYS lost the key the secret was encrypted with: a failed try
+            # (retried on schedule, so restoring the key in time saves the event).
+            result = TryResult(None, 0, "the signing secret cannot be decrypted (secret keys)")
+            await self._record(item, result, retry=item.event_type != store.PING)
+            return result
         # The signed timestamp is the real time of sending (receivers check it against their
         # clock), whatever the scheduling clock says.
         headers = signed_headers(

@@ -458,3 +458,22 @@ async def test_a_certificate_the_client_does_not_trust_fails_the_try(
     ).json()
     assert len(attempts) == 3 and all(a["status_code"] is None for a in attempts)
     assert "CERTIFICATE_VERIFY_FAILED" in attempts[0]["error"]
+
+
+async def test_a_secret_no_configured_key_can_read_fails_the_try_not_the_request(
+    client: httpx.AsyncClient, make_key: MakeKey, receiver: Receiver, services: Services
+) -> None:
+    from cryptography.fernet import Fernet
+
+    admin = await make_key("admin")
+    endpoint = await create_endpoint(client, admin, receiver)
+    lost = Fernet(Fernet.generate_key()).encrypt(endpoint["secret"].encode()).decode()
+    async with services.engine.begin() as conn:
+        await conn.exec_driver_sql("UPDATE webhook_endpoints SET secret_encrypted = $1", (lost,))
+    answer = await client.post(
+        f"/v1/webhook-endpoints/{endpoint['id']}/test", headers=bearer(admin)
+    )
+    assert answer.status_code == 200
+    assert answer.json()["delivered"] is False
+    assert "cannot be decrypted" in answer.json()["error"]
+    assert receiver.requests == []
