@@ -77,3 +77,12 @@ def test_bad_values_name_their_variable(name: str, value: str) -> None:
     with pytest.raises(SettingsError) as caught:
         load_settings({**DEPLOYED, name: value})
     assert caught.value.name == name
+
+
+def test_the_push_worker_runs_wherever_the_retry_worker_runs() -> None:
+    from gateway.worker import background_tasks, run_webhook_pusher, run_worker
+
+    on = list(background_tasks(load_settings(DEPLOYED), in_server=False))
+    assert run_worker in on and run_webhook_pusher in on
+    off = load_settings({**DEPLOYED, "GATEWAY_WORKER_ENABLED": "false"})
+    assert run_webhook_pusher not in list(background_tasks(off, in_server=True))
