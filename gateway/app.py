@@ -32,6 +32,7 @@ from litestar.types import Message, Scope
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.auth import api_key_guard
+from gateway.console.routes import console_router
 from gateway.health import healthz, readyz
 from gateway.inputs import check_request
 from gateway.keys_api import KeysController
@@ -81,6 +82,8 @@ def route_handlers() -> list[Any]:
     handlers += WEBHOOK_ROUTES
     handlers += OUTBOUND_ROUTES
     handlers.append(DeadLetterController)
+    # The operator console (HTML, outside the OpenAPI document).
+    handlers.append(console_router())
     return handlers
 
 

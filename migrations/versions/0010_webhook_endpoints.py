@@ -1,7 +1,7 @@
 """webhook_endpoints: outbound webhook endpoints, one delivery per (endpoint, event), tries
 
 Revision ID: 0010
-Revises: 0009
+Revises: 0011
 """
 
 from collections.abc import Sequence
@@ -11,7 +11,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0010"
-down_revision: str | None = "0009"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
