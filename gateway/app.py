@@ -32,6 +32,7 @@ from litestar.types import Message, Scope
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.auth import api_key_guard
+from gateway.console.routes import console_router
 from gateway.health import healthz, readyz
 from gateway.inputs import check_request
 from gateway.keys_api import KeysController
@@ -48,6 +49,7 @@ from sender.events_api import EventsController
 from sender.mailbox_api import SandboxMailboxController
 from suppression.api import ROUTES as SUPPRESSION_ROUTES
 from webhooks.api import ROUTES as WEBHOOK_ROUTES
+from webhooks.outbound.api import ROUTES as OUTBOUND_ROUTES
 
 log = logging.getLogger("gateway")
 
@@ -79,7 +81,10 @@ def route_handlers() -> list[Any]:
     handlers += [*SUPPRESSION_ROUTES, *SUBJECT_ROUTES]
     handlers += [MessagesController, SandboxMailboxController, EventsController]
     handlers += WEBHOOK_ROUTES
+    handlers += OUTBOUND_ROUTES
     handlers.append(DeadLetterController)
+    # The operator console (HTML, outside the OpenAPI document).
+    handlers.append(console_router())
     return handlers
 
 

@@ -4,7 +4,7 @@ The send request's id (X-Request-Id when sane, else generated) is stored on the 
 its first attempts; the retry worker's later attempts of the same delivery carry it too.
 
 Revision ID: 0008
-Revises: 0009
+Revises: 0010
 """
 
 from collections.abc import Sequence
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0008"
-down_revision: str | None = "0009"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
