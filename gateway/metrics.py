@@ -160,7 +160,7 @@ async def database_families(services: Services, *, now: dt.datetime | None = Non
 
     When the database does not answer, its families are left out and
     `gateway_metrics_database_ok` is 0 (the counters are still served)."""
-    from retry.dlq import open_depth
+    from retry.dlq import open_depth_by_reason
     from retry.shared import SharedStateUnavailable
     from sender import log as delivery_log
     from suppression.db import pg_connection, utcnow
@@ -174,7 +174,7 @@ async def database_families(services: Services, *, now: dt.datetime | None = Non
     try:
         async with pg_connection(services.engine) as conn:
             queue = await delivery_log.queue_stats(conn, now=now)
-            dead = await open_depth(conn)
+            dead = await open_depth_by_reason(conn)
             rates = list(await reputation_rates(services, conn))
             backlog = await outbound_backlog(services, conn)
     except Exception as exc:
@@ -281,6 +281,20 @@ def process_families() -> list[Metric]:
         MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return list(registry.collect())
     return list(REGISTRY.collect())
+
+
+def counter_values(name: str) -> dict[tuple[str, ...], float]:
+    """A counter's values by label values (in label order), summed over the host's processes
+    like a scrape (e.g. for the console): `name` without `_total`."""
+    values: dict[tuple[str, ...], float] = {}
+    for family in process_families():
+        if family.name != name:
+            continue
+        for sample in family.samples:
+            if sample.name == f"{name}_total":
+                key = tuple(sample.labels.values())
+                values[key] = values.get(key, 0.0) + sample.value
+    return values
 
 
 def render(extra: Iterable[Metric] = ()) -> bytes:

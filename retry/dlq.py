@@ -402,7 +402,7 @@ __all__ = [
 ]
 
 
-async def open_depth(conn: Pg) -> dict[str, int]:
+async def open_depth_by_reason(conn: Pg) -> dict[str, int]:
     """Unresolved entries by reason (every reason of `REASONS`, 0 when none), for `/metrics`:
     one statement over the partial index of open entries."""
     rows = await conn.fetch(
