@@ -144,11 +144,12 @@ async def reputation_rates(services: Services, conn: Pg) -> Iterable[tuple[str, 
 
 
 async def outbound_backlog(services: Services, conn: Pg) -> int | None:
-    """HOOK (outbound events): how many outbound events wait to be delivered to
-    subscribers, rendered as `gateway_outbound_event_backlog`; None while events are only
-    served as a feed (`GET /v1/events`), not pushed (the family is declared without a sample).
-    Called once per scrape."""
-    return None
+    """How many outbound events wait to be delivered to subscribers (pending pushes of
+    `webhooks.outbound`), rendered as `gateway_outbound_event_backlog`; None leaves the family
+    without a sample. Called once per scrape."""
+    from webhooks.outbound.store import pending_count
+
+    return await pending_count(conn)
 
 
 # -- the scrape ----------------------------------------------------------------------------------
