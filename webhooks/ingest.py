@@ -46,7 +46,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from retry.policy import Action, Backoff, Failure, backoff_from_settings, decide
+from retry.policy import Action, Backoff, backoff_from_settings, decide
 from retry.settings import RetrySettings
 from sender import log as dlog
 from sender.status import (
@@ -533,7 +533,8 @@ class FeedbackIngestor:
         if outcome.state == TRANSIENT:
             backoff = self._backoff_for(delivery)
             decision = decide(
-                Failure.TRANSIENT,
+                # Transient, account-level (wait out the cool-down) or one recipient's.
+                outcome.failure,
                 backoff=backoff,
                 attempts_made=delivery.attempts,
                 now=now,
@@ -549,7 +550,7 @@ class FeedbackIngestor:
             delivery_status=delivery.status,
             new_state=outcome.state,
             latest=latest,
-            can_retry=decision is not None and decision.action is Action.RETRY,
+            can_retry=decision is not None and decision.action in (Action.RETRY, Action.PAUSE),
         )
         if result.disposition != APPLIED:
             return result.disposition
@@ -561,6 +562,10 @@ class FeedbackIngestor:
                 delivery.id, attempt.id, attempt_state=result.attempt_state, error_code=error_code
             )
         new_status = result.delivery_status
+        if new_status == DEAD and decision is not None and decision.action is Action.FAIL:
+            # A recipient the provider keeps refusing is that delivery's outcome, as at send
+            # time: failed with the reason, not a dead letter for an operator.
+            new_status = FAILED
         if new_status == RETRYING:
             assert decision is not None and decision.at is not None
             change = dataclasses.replace(
