@@ -37,6 +37,7 @@ from gateway.inputs import check_request
 from gateway.keys_api import KeysController
 from gateway.metrics import metrics
 from gateway.problems import EXCEPTION_HANDLERS, PROBLEM_JSON
+from gateway.providers import PROVIDERS, Registration
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.subjects import ROUTES as SUBJECT_ROUTES
@@ -45,7 +46,6 @@ from retry.queue import DeliveryQueue
 from sender.api import MessagesController
 from sender.mailbox_api import SandboxMailboxController
 from suppression.api import ROUTES as SUPPRESSION_ROUTES
-from webhooks.api import ROUTES as WEBHOOK_ROUTES
 
 log = logging.getLogger("gateway")
 
@@ -71,12 +71,15 @@ def provide_delivery_queue(state: State) -> DeliveryQueue:
     return services.delivery_queue
 
 
-def route_handlers() -> list[Any]:
-    """Every package's routes; the composition root is the only place that lists them."""
+def route_handlers(providers: Sequence[Registration] = PROVIDERS) -> list[Any]:
+    """Every package's routes; the composition root is the only place that lists them (the
+    webhook routes are those of the registered providers, gateway/providers.py)."""
     handlers: list[Any] = [healthz, readyz, metrics, KeysController]
     handlers += [*SUPPRESSION_ROUTES, *SUBJECT_ROUTES]
     handlers += [MessagesController, SandboxMailboxController]
-    handlers += WEBHOOK_ROUTES
+    handlers += [
+        route for r in providers if r.feedback is not None for route in r.feedback.routes()
+    ]
     handlers.append(DeadLetterController)
     return handlers
 
@@ -115,7 +118,7 @@ def create_app(
                 await services.close()
 
     return Litestar(
-        route_handlers=route_handlers(),
+        route_handlers=route_handlers(services.providers if services else PROVIDERS),
         guards=[api_key_guard],
         before_request=check_request,
         dependencies={

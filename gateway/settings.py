@@ -19,9 +19,11 @@ from urllib.parse import urlsplit
 
 from cryptography.fernet import Fernet
 
+from gateway.providers import choices, default_rate_limits, provider_env, send_spec
 from retry.settings import UNKNOWN_OUTCOME_POLICIES, parse_policies, parse_rate_limits
 from retry.settings import RetrySettings as RetrySettings  # re-exported: gateway.settings API
 from sender.classify import parse_overrides
+from sender.providers.spec import SettingError
 from webhooks.settings import WebhookSettings as WebhookSettings  # re-exported
 from webhooks.settings import parse_classification_overrides
 
@@ -97,6 +99,9 @@ class Settings:
     sandbox_feedback_delay_seconds: float = 0.2
     # AWS_REGION (or AWS_DEFAULT_REGION): the SES region.
     aws_region: str | None = None
+    # The settings registered providers declare (`SendSpec.settings`), as set: a provider
+    # added in gateway/providers.py reads its own from here (`ProviderContext.env`).
+    provider_env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def embedded_database(self) -> bool:
@@ -223,7 +228,8 @@ def _retry(env: Mapping[str, str]) -> RetrySettings:
             d.unknown_outcome_marketing,
             UNKNOWN_OUTCOME_POLICIES,
         ),
-        rate_limits=_parsed(env, "GATEWAY_RATE_LIMITS", parse_rate_limits, d.rate_limits),
+        # Default buckets come from the registered providers (gateway/providers.py).
+        rate_limits=_parsed(env, "GATEWAY_RATE_LIMITS", parse_rate_limits, default_rate_limits()),
         low_priority_share=_share(env, "GATEWAY_RATE_LOW_SHARE", d.low_priority_share),
         defer_seconds=_number(env, "GATEWAY_RETRY_DEFER_SECONDS", d.defer_seconds, float, 0.0),
         max_deferral_seconds=_number(
@@ -320,8 +326,9 @@ def serving_public_url(settings: Settings, host: str, port: int) -> str:
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate every setting from `env` (default: the process environment)."""
     env = os.environ if env is None else env
-    email_provider = _choice(env, "GATEWAY_EMAIL_PROVIDER", "sandbox", ("ses", "sandbox"))
-    sms_provider = _choice(env, "GATEWAY_SMS_PROVIDER", "sandbox", ("twilio", "sandbox"))
+    email = (*choices("email"), "sandbox")
+    email_provider = _choice(env, "GATEWAY_EMAIL_PROVIDER", "sandbox", email)
+    sms_provider = _choice(env, "GATEWAY_SMS_PROVIDER", "sandbox", (*choices("sms"), "sandbox"))
     settings = Settings(
         database_url=_url(env, "DATABASE_URL", ("postgresql", "postgres", "postgresql+asyncpg")),
         redis_url=_url(env, "REDIS_URL", ("redis", "rediss", "unix")),
@@ -367,12 +374,20 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             env, "GATEWAY_SANDBOX_FEEDBACK_DELAY_SECONDS", 0.2, float, 0.0
         ),
         aws_region=_str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION"),
+        provider_env=provider_env(env),
     )
     _check_consistency(settings, env)
     return settings
 
 
 def _check_consistency(s: Settings, env: Mapping[str, str]) -> None:
+    for channel, name in (("email", s.email_provider), ("sms", s.sms_provider)):
+        spec = send_spec(name, channel)
+        if spec is not None and spec.check is not None:
+            try:
+                spec.check(s.provider_env)
+            except SettingError as exc:
+                raise SettingsError(exc.name, exc.problem) from None
     if s.email_provider == "ses" and not (
         _str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION")
     ):
