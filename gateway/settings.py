@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -19,7 +19,14 @@ from urllib.parse import urlsplit
 
 from cryptography.fernet import Fernet
 
-from gateway.providers import choices, default_rate_limits, provider_env, send_spec
+from gateway.providers import (
+    PROVIDERS,
+    Registration,
+    choices,
+    default_rate_limits,
+    provider_env,
+    send_spec,
+)
 from retry.settings import UNKNOWN_OUTCOME_POLICIES, parse_policies, parse_rate_limits
 from retry.settings import RetrySettings as RetrySettings  # re-exported: gateway.settings API
 from sender.classify import parse_overrides
@@ -200,7 +207,7 @@ def _subaccount_tokens(env: Mapping[str, str], name: str) -> dict[str, tuple[str
     return result
 
 
-def _retry(env: Mapping[str, str]) -> RetrySettings:
+def _retry(env: Mapping[str, str], providers: Sequence[Registration]) -> RetrySettings:
     d = RetrySettings()
     return RetrySettings(
         base_seconds=_number(env, "GATEWAY_RETRY_BASE_SECONDS", d.base_seconds, float, 0.0),
@@ -229,7 +236,9 @@ def _retry(env: Mapping[str, str]) -> RetrySettings:
             UNKNOWN_OUTCOME_POLICIES,
         ),
         # Default buckets come from the registered providers (gateway/providers.py).
-        rate_limits=_parsed(env, "GATEWAY_RATE_LIMITS", parse_rate_limits, default_rate_limits()),
+        rate_limits=_parsed(
+            env, "GATEWAY_RATE_LIMITS", parse_rate_limits, default_rate_limits(providers)
+        ),
         low_priority_share=_share(env, "GATEWAY_RATE_LOW_SHARE", d.low_priority_share),
         defer_seconds=_number(env, "GATEWAY_RETRY_DEFER_SECONDS", d.defer_seconds, float, 0.0),
         max_deferral_seconds=_number(
@@ -323,12 +332,17 @@ def serving_public_url(settings: Settings, host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """Read and validate every setting from `env` (default: the process environment)."""
+def load_settings(
+    env: Mapping[str, str] | None = None, *, providers: Sequence[Registration] = PROVIDERS
+) -> Settings:
+    """Read and validate every setting from `env` (default: the process environment), for
+    the registered `providers` (gateway/providers.py)."""
     env = os.environ if env is None else env
-    email = (*choices("email"), "sandbox")
+    email = (*choices("email", providers), "sandbox")
     email_provider = _choice(env, "GATEWAY_EMAIL_PROVIDER", "sandbox", email)
-    sms_provider = _choice(env, "GATEWAY_SMS_PROVIDER", "sandbox", (*choices("sms"), "sandbox"))
+    sms_provider = _choice(
+        env, "GATEWAY_SMS_PROVIDER", "sandbox", (*choices("sms", providers), "sandbox")
+    )
     settings = Settings(
         database_url=_url(env, "DATABASE_URL", ("postgresql", "postgres", "postgresql+asyncpg")),
         redis_url=_url(env, "REDIS_URL", ("redis", "rediss", "unix")),
@@ -359,7 +373,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_level=_choice(env, "GATEWAY_LOG_LEVEL", "INFO", LOG_LEVELS),
         third_party_log_level=_choice(env, "GATEWAY_THIRD_PARTY_LOG_LEVEL", "WARNING", LOG_LEVELS),
         api_key_cache_seconds=_number(env, "GATEWAY_API_KEY_CACHE_SECONDS", 5.0, float, 0.0),
-        retry=_retry(env),
+        retry=_retry(env, providers),
         webhooks=_webhooks(env),
         send_error_overrides=_parsed(env, "GATEWAY_SEND_ERROR_OVERRIDES", parse_overrides, {}),
         send_concurrency=_number(env, "GATEWAY_SEND_CONCURRENCY", 16, int, 1),
@@ -374,15 +388,17 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             env, "GATEWAY_SANDBOX_FEEDBACK_DELAY_SECONDS", 0.2, float, 0.0
         ),
         aws_region=_str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION"),
-        provider_env=provider_env(env),
+        provider_env=provider_env(env, providers),
     )
-    _check_consistency(settings, env)
+    _check_consistency(settings, env, providers)
     return settings
 
 
-def _check_consistency(s: Settings, env: Mapping[str, str]) -> None:
+def _check_consistency(
+    s: Settings, env: Mapping[str, str], providers: Sequence[Registration]
+) -> None:
     for channel, name in (("email", s.email_provider), ("sms", s.sms_provider)):
-        spec = send_spec(name, channel)
+        spec = send_spec(name, channel, providers)
         if spec is not None and spec.check is not None:
             try:
                 spec.check(s.provider_env)

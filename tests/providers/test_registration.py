@@ -21,7 +21,7 @@ from gateway.app import create_app, openapi_document
 from gateway.keys import create_key
 from gateway.providers import PROVIDERS, Registration
 from gateway.services import Services, build_services
-from gateway.settings import Settings
+from gateway.settings import Settings, SettingsError, load_settings
 from sender.classify import SendOutcome
 from sender.classify import classify as classify_send
 from suppression import service as suppression
@@ -173,3 +173,18 @@ async def test_the_registration_is_scoped_to_the_services_that_got_it(example: S
     assert f"/webhooks/{ex.NAME}" in ours and f"/webhooks/{ex.NAME}" not in default
     ready, details = await example.readiness["webhooks"]()
     assert ready and details[ex.NAME] == "configured"
+
+
+def test_the_providers_settings_and_defaults_live_with_it() -> None:
+    providers = (*PROVIDERS, REGISTRATION)
+    with pytest.raises(SettingsError) as info:
+        load_settings({"GATEWAY_SMS_PROVIDER": ex.NAME}, providers=providers)
+    assert info.value.name == ex.SECRET_SETTING
+    env = {"GATEWAY_SMS_PROVIDER": ex.NAME, ex.SECRET_SETTING: SECRET}
+    loaded = load_settings(env, providers=providers)
+    assert loaded.sms_provider == ex.NAME
+    assert loaded.provider_env == {ex.SECRET_SETTING: SECRET}
+    assert loaded.retry.rate_limits[f"{ex.NAME}:*"] == ex.SEND.rate_limits[f"{ex.NAME}:*"]
+    # Without the registration the name is refused, as before.
+    with pytest.raises(SettingsError):
+        load_settings({"GATEWAY_SMS_PROVIDER": ex.NAME})
