@@ -31,6 +31,10 @@ The tables are data: keys are `<provider>:<code>` for provider error codes,
 `<provider>:connection_not_sent` / `<provider>:connection_after_send` for transport failures
 and `<provider>:default` for anything else. `GATEWAY_SEND_ERROR_OVERRIDES` (a JSON object
 key -> class) replaces entries; the first key that matches in that order wins.
+
+A provider's codes are its `ErrorTable` (`sender/providers/twilio_spec.py`, `ses_spec.py`,
+or a registered provider's, `register_errors`); the feedback side (`webhooks.classify`)
+classifies callbacks from the same table, so a code means the same in both directions.
 """
 
 from __future__ import annotations
