@@ -31,9 +31,9 @@ uses too (`outcome_for_class`). A class means the same in both directions:
 * ``account`` (paused or suspended account, price cap, unregistered sender: Twilio 30002,
   30010, 30032, ...) neither suppresses the recipient nor fails the message (DESIGN
   "Classify, don't guess"): the provider is flagged (warning, counter), its circuit is told,
-  and the delivery waits out the account cool-down (`retry.policy.Failure.ACCOUNT`,
-  ``retrying``), bounded by its deadline and the maximum deferral age, not retried at the
-  feedback backoff as if the handset were off.
+  and the delivery waits ``queued`` for the account cool-down (`retry.policy.Failure.ACCOUNT`),
+  as after an account-level answer at send time: not held to the attempt budget, bounded
+  by its deadline and the maximum deferral age.
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ from sender.status import (
     DEAD,
     FAILED,
     GATEWAY_STATES,
+    QUEUED,
     RETRYING,
     AttemptStatus,
 )
@@ -566,11 +567,16 @@ class FeedbackIngestor:
             # A recipient the provider keeps refusing is that delivery's outcome, as at send
             # time: failed with the reason, not a dead letter for an operator.
             new_status = FAILED
-        if new_status == RETRYING:
+        if new_status == RETRYING and decision is not None and decision.action is Action.PAUSE:
+            # An account-level failure is not this delivery's: as at send time it waits
+            # `queued` for the account cool-down, not held to the attempt budget (bounded by
+            # its deadline and the maximum deferral age), while the provider is flagged.
+            new_status = QUEUED
+        if new_status in (RETRYING, QUEUED):
             assert decision is not None and decision.at is not None
             change = dataclasses.replace(
                 change,
-                status=RETRYING,
+                status=new_status,
                 reason=outcome.name,
                 set_reason=True,
                 last_error=error,

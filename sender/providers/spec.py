@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from retry.settings import RateSpec
+from sender.providers.base import Provider
 from sender.providers.codes import ErrorTable
-
-if TYPE_CHECKING:
-    from sender.providers.base import Provider
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,7 @@ async def test_the_providers_error_table_drives_both_directions(
     assert r.status_code == 200 and r.json() == {"dispositions": ["applied"]}
     assert PROVIDER_FLAGS[(ex.NAME, f"{ex.NAME}:E900")] == flags + 1
     view = await _view(http, key, sent)
-    assert (view["status"], view["reason"]) == ("retrying", "account")
+    assert (view["status"], view["reason"]) == ("queued", "account")
 
 
 @pytest.mark.parametrize("code", sorted(ex.ERRORS.codes))

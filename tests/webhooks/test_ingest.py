@@ -599,12 +599,15 @@ async def test_account_codes_flag_the_provider(services: Services) -> None:
     # DESIGN "Classify, don't guess": an account-level code neither suppresses the recipient
     # nor fails the message; the delivery waits out the account cool-down (not the feedback
     # backoff of a handset that is off), bounded by its deadline and the deferral age.
+    # Like an account-level answer at send time: `queued`, so the worker does not hold it to
+    # the attempt budget, and the deferral clock (GATEWAY_RETRY_MAX_DEFERRAL_SECONDS) runs.
     delivery, (attempt,) = await delivery_state(services, made.delivery_id)
     assert (delivery.status, delivery.reason, attempt.provider_status) == (
-        "retrying",
+        "queued",
         "account",
         "transient",
     )
+    assert delivery.deferred_since is not None and delivery.attempts == 1
     cooldown = services.settings.retry.breaker_account_cooldown_seconds
     assert delivery.next_attempt_at is not None
     assert delivery.next_attempt_at >= now() + dt.timedelta(seconds=cooldown - 5)
