@@ -44,6 +44,7 @@ from gateway.subjects import ROUTES as SUBJECT_ROUTES
 from retry.api import DeadLetterController
 from retry.queue import DeliveryQueue
 from sender.api import MessagesController
+from sender.events_api import EventsController
 from sender.mailbox_api import SandboxMailboxController
 from suppression.api import ROUTES as SUPPRESSION_ROUTES
 
@@ -76,7 +77,7 @@ def route_handlers(providers: Sequence[Registration] = PROVIDERS) -> list[Any]:
     webhook routes are those of the registered providers, gateway/providers.py)."""
     handlers: list[Any] = [healthz, readyz, metrics, KeysController]
     handlers += [*SUPPRESSION_ROUTES, *SUBJECT_ROUTES]
-    handlers += [MessagesController, SandboxMailboxController]
+    handlers += [MessagesController, SandboxMailboxController, EventsController]
     handlers += [
         route for r in providers if r.feedback is not None for route in r.feedback.routes()
     ]

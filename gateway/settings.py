@@ -109,6 +109,9 @@ class Settings:
     # The settings registered providers declare (`SendSpec.settings`), as set: a provider
     # added in gateway/providers.py reads its own from here (`ProviderContext.env`).
     provider_env: Mapping[str, str] = field(default_factory=dict)
+    # Outbound events (sender.events): how long event rows are kept (the feed's cursors stay
+    # valid this long); the worker's sweep prunes older ones.
+    event_retention_days: int = 30
 
     @property
     def embedded_database(self) -> bool:
@@ -389,6 +392,7 @@ def load_settings(
         ),
         aws_region=_str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION"),
         provider_env=provider_env(env, providers),
+        event_retention_days=_number(env, "GATEWAY_EVENT_RETENTION_DAYS", 30, int, 1),
     )
     _check_consistency(settings, env, providers)
     return settings

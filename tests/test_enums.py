@@ -17,7 +17,7 @@ import yaml
 from gateway.keys import SCOPES
 from retry import dlq
 from retry.breaker import STATES as BREAKER_STATES
-from sender import schemas
+from sender import events, schemas
 from sender import status as st
 from suppression import service, views
 from suppression.normalize import CHANNELS
@@ -43,6 +43,7 @@ ENUMS: dict[str, tuple[tuple[str, ...], Any]] = {
     "dead-letter state": (dlq.STATES, None),
     "breaker state": (BREAKER_STATES, None),
     "readiness status": (("ready", "degraded", "unready"), None),
+    "event type": (events.EVENT_TYPES, events.EventType),
 }
 
 # (schema, property) of openapi.yaml -> the enum it must list
@@ -62,6 +63,11 @@ OPENAPI_FIELDS: dict[tuple[str, str], str] = {
     ("EntryView", "source_type"): "source type",
     ("HistoryView", "action"): "history action",
     ("HistoryView", "source_type"): "source type",
+    ("EventItem", "type"): "event type",
+    ("DeliveryStatusView", "status"): "delivery status",
+    ("MessageSummary", "channel"): "channel",
+    ("MessageSummary", "category"): "category",
+    ("MessageSummary", "priority"): "priority",
 }
 
 
