@@ -10,6 +10,8 @@ verified by its verifier and classified by its keys, and both directions agree o
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -188,3 +190,16 @@ def test_the_providers_settings_and_defaults_live_with_it() -> None:
     # Without the registration the name is refused, as before.
     with pytest.raises(SettingsError):
         load_settings({"GATEWAY_SMS_PROVIDER": ex.NAME})
+
+
+def test_the_registry_is_light() -> None:
+    # The settings read the registry at every start (`gateway keys list` too): declaring the
+    # providers must not import an SDK or the web framework; adapters and routes are built
+    # on demand.
+    code = (
+        "import sys, gateway.settings, gateway.providers; "
+        "heavy = {'twilio.rest', 'boto3', 'litestar'} & set(sys.modules); "
+        "assert not heavy, heavy"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
