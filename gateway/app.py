@@ -32,6 +32,7 @@ from litestar.types import Message, Scope
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.auth import api_key_guard
+from gateway.console.routes import console_router
 from gateway.health import healthz, readyz
 from gateway.inputs import check_request
 from gateway.keys_api import KeysController
@@ -82,6 +83,8 @@ def route_handlers(providers: Sequence[Registration] = PROVIDERS) -> list[Any]:
         route for r in providers if r.feedback is not None for route in r.feedback.routes()
     ]
     handlers.append(DeadLetterController)
+    # The operator console (HTML, outside the OpenAPI document).
+    handlers.append(console_router())
     return handlers
 
 
