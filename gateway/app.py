@@ -48,6 +48,7 @@ from sender.api import MessagesController
 from sender.events_api import EventsController
 from sender.mailbox_api import SandboxMailboxController
 from suppression.api import ROUTES as SUPPRESSION_ROUTES
+from webhooks.outbound.api import ROUTES as OUTBOUND_ROUTES
 
 log = logging.getLogger("gateway")
 
@@ -82,6 +83,7 @@ def route_handlers(providers: Sequence[Registration] = PROVIDERS) -> list[Any]:
     handlers += [
         route for r in providers if r.feedback is not None for route in r.feedback.routes()
     ]
+    handlers += OUTBOUND_ROUTES
     handlers.append(DeadLetterController)
     # The operator console (HTML, outside the OpenAPI document).
     handlers.append(console_router())

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.db import create_engine, session_factory
 from gateway.keycache import KeyCache, database_lookup
+from gateway.outbound import Outbound, build_outbound
 from gateway.providers import PROVIDERS, Registration, activate, send_spec
 from gateway.settings import Settings
 from retry.breaker import CircuitBreaker, breaker_readiness, build_breaker
@@ -40,6 +41,7 @@ from webhooks.api import readiness as webhooks_readiness
 from webhooks.certs import CertificateStore
 from webhooks.history import events_for_deliveries
 from webhooks.ingest import FeedbackIngestor
+from webhooks.outbound.endpoints import Endpoints
 from webhooks.sns import SnsVerifier
 from webhooks.twilio_signature import TwilioVerifier
 
@@ -72,6 +74,8 @@ class Services:
     suppression: SuppressionContext
     # The delivery log's operations for the retry package (`sender.log` implements them).
     delivery_queue: DeliveryQueue
+    # Outbound webhooks: push client, pusher, endpoint operations, event feed adapter.
+    outbound: Outbound
     # The sandbox mailbox's store and channels; None when no provider is the sandbox.
     sandbox_mailbox: MailboxContext | None = None
     # httpx transport for SNS SubscribeURL confirmations (tests inject one); None = network.
@@ -91,6 +95,11 @@ class Services:
         self.api_keys = KeyCache(
             database_lookup(self.engine), ttl=self.settings.api_key_cache_seconds
         )
+
+    @property
+    def webhook_endpoints(self) -> Endpoints:
+        """The outbound endpoints' operations (what `/v1/webhook-endpoints` uses)."""
+        return self.outbound.endpoints
 
     @property
     def dispatch(self) -> Dispatch:
@@ -178,6 +187,8 @@ def build_services(
         on_unknown_outcome=ingestor.apply_parked_for_delivery,
     )
     send_service = SendService(dispatcher, sessions, events_of=events_for_deliveries)
+    # webhooks.outbound: signed pushes of the event feed to upstream endpoints.
+    outbound = build_outbound(settings, engine, protector)
     services = Services(
         settings=settings,
         engine=engine,
@@ -213,6 +224,7 @@ def build_services(
             for r in providers
             if r.feedback is not None and r.feedback.build_verifier is not None
         },
+        outbound=outbound,
         sandbox_mailbox=(
             MailboxContext(mailbox, runner, sandbox_channels) if sandbox_channels else None
         ),
@@ -227,6 +239,7 @@ def build_services(
         }
     )
     services.closers.append(send_service.close)
+    services.closers.append(outbound.client.close)
     return services
 
 
