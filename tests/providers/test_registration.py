@@ -29,6 +29,7 @@ from sender.classify import classify as classify_send
 from suppression import service as suppression
 from tests.conftest import bearer, replace_settings
 from tests.providers import example_sms as ex
+from tests.support.metrics import value
 from webhooks.classify import classify as classify_feedback
 from webhooks.errors import VERIFICATION_FAILURES
 from webhooks.events import FeedbackEvent
@@ -102,10 +103,10 @@ async def test_send_and_feedback_work_through_the_registration(
 
     # A forged callback is refused by the provider's verifier and changes nothing.
     body, headers = _callback({"id": "ev0", "message_id": pmid, "status": "delivered"}, "x")
-    before = VERIFICATION_FAILURES[(ex.NAME, "bad_signature")]
+    before = value(VERIFICATION_FAILURES, provider=ex.NAME, reason="bad_signature")
     r = await http.post(f"/webhooks/{ex.NAME}", content=body, headers=headers)
     assert r.status_code == 403 and r.headers["content-type"].startswith("application/problem")
-    assert VERIFICATION_FAILURES[(ex.NAME, "bad_signature")] == before + 1
+    assert value(VERIFICATION_FAILURES, provider=ex.NAME, reason="bad_signature") == before + 1
     assert (await _view(http, key, sent))["status"] == "sent"
 
     # Malformed input: 400 problem document.
@@ -140,12 +141,12 @@ async def test_the_providers_error_table_drives_both_directions(
     # Feedback side: an account-level code in a callback flags the provider and pauses the
     # delivery; the recipient is not suppressed.
     sent = await _send(http, key, "+15005550007")
-    flags = PROVIDER_FLAGS[(ex.NAME, f"{ex.NAME}:E900")]
+    flags = value(PROVIDER_FLAGS, provider=ex.NAME, rule=f"{ex.NAME}:E900")
     payload = {"id": "ev3", "message_id": f"ex-{sent['id']}", "status": "failed", "code": "E900"}
     body, headers = _callback(payload)
     r = await http.post(f"/webhooks/{ex.NAME}", content=body, headers=headers)
     assert r.status_code == 200 and r.json() == {"dispositions": ["applied"]}
-    assert PROVIDER_FLAGS[(ex.NAME, f"{ex.NAME}:E900")] == flags + 1
+    assert value(PROVIDER_FLAGS, provider=ex.NAME, rule=f"{ex.NAME}:E900") == flags + 1
     view = await _view(http, key, sent)
     assert (view["status"], view["reason"]) == ("queued", "account")
 
