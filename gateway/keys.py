@@ -132,3 +132,12 @@ async def authenticate(session: AsyncSession, secret: str) -> Principal | None:
 async def has_any_key(session: AsyncSession) -> bool:
     """True once any key exists (used to print an admin key at first start only)."""
     return (await session.scalar(select(ApiKey.id).limit(1))) is not None
+
+
+async def active_scopes(pg: Pg, key_id: uuid.UUID) -> frozenset[str] | None:
+    """The scopes of an active key by id, or None when no active key has it (one statement,
+    on the caller's asyncpg connection: the webhook fan-out's visibility)."""
+    scopes = await pg.fetchval(
+        "SELECT scopes FROM api_keys WHERE id = $1 AND revoked_at IS NULL", key_id
+    )
+    return frozenset(scopes) if scopes is not None else None

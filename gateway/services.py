@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.db import create_engine, session_factory
 from gateway.keycache import KeyCache, database_lookup
+from gateway.outbound import Outbound, build_outbound
 from gateway.settings import Settings
 from retry.breaker import CircuitBreaker, breaker_readiness, build_breaker
 from retry.queue import DeliveryQueue
@@ -41,6 +42,7 @@ from webhooks.api import readiness as webhooks_readiness
 from webhooks.certs import CertificateStore
 from webhooks.history import events_for_deliveries
 from webhooks.ingest import FeedbackIngestor
+from webhooks.outbound.endpoints import Endpoints
 from webhooks.sns import SnsVerifier
 from webhooks.twilio_signature import TwilioVerifier
 
@@ -75,6 +77,8 @@ class Services:
     delivery_queue: DeliveryQueue
     # Campaigns (bulk sends): the API's service and the expansion job.
     campaigns: CampaignService
+    # Outbound webhooks: push client, pusher, endpoint operations, event feed adapter.
+    outbound: Outbound
     # The sandbox mailbox's store and channels; None when no provider is the sandbox.
     sandbox_mailbox: MailboxContext | None = None
     # httpx transport for SNS SubscribeURL confirmations (tests inject one); None = network.
@@ -90,6 +94,11 @@ class Services:
         self.api_keys = KeyCache(
             database_lookup(self.engine), ttl=self.settings.api_key_cache_seconds
         )
+
+    @property
+    def webhook_endpoints(self) -> Endpoints:
+        """The outbound endpoints' operations (what `/v1/webhook-endpoints` uses)."""
+        return self.outbound.endpoints
 
     @property
     def dispatch(self) -> Dispatch:
@@ -171,6 +180,8 @@ def build_services(settings: Settings, database_url: str) -> Services:
         on_unknown_outcome=ingestor.apply_parked_for_delivery,
     )
     send_service = SendService(dispatcher, sessions, events_of=events_for_deliveries)
+    # webhooks.outbound: signed pushes of the event feed to upstream endpoints.
+    outbound = build_outbound(settings, engine, protector)
     services = Services(
         settings=settings,
         engine=engine,
@@ -201,6 +212,7 @@ def build_services(settings: Settings, database_url: str) -> Services:
         ),
         delivery_queue=delivery_log,
         campaigns=CampaignService(send_service, batch=settings.campaign_batch),
+        outbound=outbound,
         sandbox_mailbox=(
             MailboxContext(mailbox, runner, sandbox_channels) if sandbox_channels else None
         ),
@@ -211,6 +223,7 @@ def build_services(settings: Settings, database_url: str) -> Services:
         {"sns_verifier": services.sns_verifier, "twilio_verifier": services.twilio_verifier}
     )
     services.closers.append(send_service.close)
+    services.closers.append(outbound.client.close)
     return services
 
 

@@ -21,6 +21,8 @@ from sender import campaigns, events, schemas
 from sender import status as st
 from suppression import service, views
 from suppression.normalize import CHANNELS
+from webhooks.outbound import api as outbound_api
+from webhooks.outbound import store as outbound_store
 from webhooks.state import DISPOSITIONS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,6 +46,14 @@ ENUMS: dict[str, tuple[tuple[str, ...], Any]] = {
     "dead-letter state": (dlq.STATES, None),
     "breaker state": (BREAKER_STATES, None),
     "readiness status": (("ready", "degraded", "unready"), None),
+    "webhook delivery status": (
+        outbound_store.DELIVERY_STATUSES,
+        outbound_api.DeliveryStatusName,
+    ),
+    "webhook endpoint disabled reason": (
+        outbound_store.DISABLED_REASONS,
+        outbound_api.DisabledReasonName,
+    ),
     "event type": (events.EVENT_TYPES, events.EventType),
 }
 
@@ -67,6 +77,8 @@ OPENAPI_FIELDS: dict[tuple[str, str], str] = {
     ("EntryView", "source_type"): "source type",
     ("HistoryView", "action"): "history action",
     ("HistoryView", "source_type"): "source type",
+    ("WebhookAttemptView", "delivery_status"): "webhook delivery status",
+    ("WebhookEndpointView", "disabled_reason"): "webhook endpoint disabled reason",
     ("EventItem", "type"): "event type",
     ("DeliveryStatusView", "status"): "delivery status",
     ("MessageSummary", "channel"): "channel",

@@ -1,7 +1,7 @@
 """campaigns: bulk sends (campaigns, campaign_recipients; deliveries.position as integer)
 
 Revision ID: 0005
-Revises: 0011
+Revises: 0008
 """
 
 from collections.abc import Sequence
@@ -11,7 +11,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0005"
-down_revision: str | None = "0011"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
