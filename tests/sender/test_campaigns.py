@@ -271,6 +271,13 @@ async def test_cancel_stops_expansion_and_cancels_queued_deliveries(
     r = await gw.client.get(f"/v1/messages/{view['message_id']}", headers=gw.headers)
     assert {d["status"] for d in r.json()["deliveries"]} == {"cancelled"}
     assert {d["reason"] for d in r.json()["deliveries"]} == {cp.CANCEL_REASON}
+    # Upstream hears of it like of any status change (outbound events).
+    async with pg_connection(gw.services.engine) as conn:
+        types = await conn.fetch(
+            "SELECT type, count(*) FROM events WHERE message_id = $1 GROUP BY type",
+            uuid.UUID(view["message_id"]),
+        )
+    assert {(t["type"], t["count"]) for t in types} == {("delivery.cancelled", 6)}
 
 
 async def test_create_is_idempotent_per_key(gw: Gateway) -> None:
