@@ -37,6 +37,7 @@ from gateway.inputs import check_request
 from gateway.keys_api import KeysController
 from gateway.metrics import metrics
 from gateway.problems import EXCEPTION_HANDLERS, PROBLEM_JSON
+from gateway.reports import stale_report_route
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.subjects import ROUTES as SUBJECT_ROUTES
@@ -44,6 +45,7 @@ from retry.api import DeadLetterController
 from retry.queue import DeliveryQueue
 from sender.api import MessagesController
 from sender.mailbox_api import SandboxMailboxController
+from sender.reputation_api import ReputationController
 from suppression.api import ROUTES as SUPPRESSION_ROUTES
 from webhooks.api import ROUTES as WEBHOOK_ROUTES
 
@@ -78,6 +80,7 @@ def route_handlers() -> list[Any]:
     handlers += [MessagesController, SandboxMailboxController]
     handlers += WEBHOOK_ROUTES
     handlers.append(DeadLetterController)
+    handlers += [ReputationController, stale_report_route]
     return handlers
 
 

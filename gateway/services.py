@@ -33,6 +33,7 @@ from sender.providers.base import Provider
 from sender.providers.sandbox import FeedbackRunner, SandboxEmailProvider, SandboxSmsProvider
 from sender.providers.ses import SesProvider
 from sender.providers.twilio import TwilioProvider
+from sender.reputation import ReputationGuard
 from sender.service import SendService
 from suppression.api import SuppressionContext
 from suppression.crypto import AddressProtector
@@ -72,6 +73,9 @@ class Services:
     suppression: SuppressionContext
     # The delivery log's operations for the retry package (`sender.log` implements them).
     delivery_queue: DeliveryQueue
+    # The reputation guard: the send path's view of paused identities, the worker's
+    # evaluation, `GET /v1/reputation` and the metrics (`reputation.current()`).
+    reputation: ReputationGuard
     # The sandbox mailbox's store and channels; None when no provider is the sandbox.
     sandbox_mailbox: MailboxContext | None = None
     # httpx transport for SNS SubscribeURL confirmations (tests inject one); None = network.
@@ -157,6 +161,7 @@ def build_services(settings: Settings, database_url: str) -> Services:
         delay=settings.sandbox_feedback_delay_seconds,
         store=mailbox if sandbox_channels else None,
     )
+    reputation = ReputationGuard(engine, settings.reputation)
     dispatcher = Dispatcher(
         engine=engine,
         protector=protector,
@@ -166,6 +171,7 @@ def build_services(settings: Settings, database_url: str) -> Services:
         breaker=breaker,
         on_parked=ingestor.apply_parked_for_delivery,
         on_unknown_outcome=ingestor.apply_parked_for_delivery,
+        reputation=reputation,
     )
     send_service = SendService(dispatcher, sessions, events_of=events_for_deliveries)
     services = Services(
@@ -197,6 +203,7 @@ def build_services(settings: Settings, database_url: str) -> Services:
             actor_of=_actor_of,
         ),
         delivery_queue=delivery_log,
+        reputation=reputation,
         sandbox_mailbox=(
             MailboxContext(mailbox, runner, sandbox_channels) if sandbox_channels else None
         ),
@@ -207,6 +214,7 @@ def build_services(settings: Settings, database_url: str) -> Services:
         {"sns_verifier": services.sns_verifier, "twilio_verifier": services.twilio_verifier}
     )
     services.closers.append(send_service.close)
+    services.closers.append(reputation.close)
     return services
 
 
@@ -280,6 +288,7 @@ def _sender_config(settings: Settings) -> SenderConfig:
         default_region=settings.default_region,
         email_from=settings.email_from,
         sms_from=settings.sms_from,
+        sms_service=settings.twilio_messaging_service_sid,
         retry=settings.retry,
         error_overrides=settings.send_error_overrides,
         concurrency=settings.send_concurrency,

@@ -22,6 +22,7 @@ from cryptography.fernet import Fernet
 from retry.settings import UNKNOWN_OUTCOME_POLICIES, parse_policies, parse_rate_limits
 from retry.settings import RetrySettings as RetrySettings  # re-exported: gateway.settings API
 from sender.classify import parse_overrides
+from sender.reputation import ReputationSettings, Thresholds
 from webhooks.settings import WebhookSettings as WebhookSettings  # re-exported
 from webhooks.settings import parse_classification_overrides
 
@@ -97,6 +98,11 @@ class Settings:
     sandbox_feedback_delay_seconds: float = 0.2
     # AWS_REGION (or AWS_DEFAULT_REGION): the SES region.
     aws_region: str | None = None
+    # The reputation guard (GATEWAY_REPUTATION_*, sender.reputation).
+    reputation: ReputationSettings = field(default_factory=ReputationSettings)
+    # GATEWAY_STALE_REPORT_HOURS: how long a delivery may wait for its final callback (and a
+    # parked event for its delivery) before the stale report lists it.
+    stale_report_hours: float = 72.0
 
     @property
     def embedded_database(self) -> bool:
@@ -287,6 +293,50 @@ def _webhooks(env: Mapping[str, str]) -> WebhookSettings:
     )
 
 
+def _percent(env: Mapping[str, str], name: str, default: float) -> float:
+    value = _number(env, name, default, float, 0.0)
+    if not 0.0 < value <= 100.0:
+        raise SettingsError(name, f"must be a percentage in (0, 100] (got {value!r})")
+    return value
+
+
+def _thresholds(
+    env: Mapping[str, str], prefix: str, first: str, second: str, d: Thresholds
+) -> Thresholds:
+    names = (
+        f"{prefix}_{first}_PERCENT",
+        f"{prefix}_{second}_PERCENT",
+        f"{prefix}_{first}_PAUSE_ALL_PERCENT",
+        f"{prefix}_{second}_PAUSE_ALL_PERCENT",
+    )
+    t = Thresholds(
+        _percent(env, names[0], d.first_marketing),
+        _percent(env, names[1], d.second_marketing),
+        _percent(env, names[2], d.first_all),
+        _percent(env, names[3], d.second_all),
+    )
+    if t.first_all < t.first_marketing:
+        raise SettingsError(names[2], f"must be at least {names[0]} ({t.first_marketing})")
+    if t.second_all < t.second_marketing:
+        raise SettingsError(names[3], f"must be at least {names[1]} ({t.second_marketing})")
+    return t
+
+
+def _reputation(env: Mapping[str, str]) -> ReputationSettings:
+    d = ReputationSettings()
+    p = "GATEWAY_REPUTATION"
+    return ReputationSettings(
+        enabled=_bool(env, f"{p}_ENABLED", d.enabled),
+        window_hours=_number(env, f"{p}_WINDOW_HOURS", d.window_hours, float, 0.01),
+        min_sends=_number(env, f"{p}_MIN_SENDS", d.min_sends, int, 1),
+        email=_thresholds(env, p, "BOUNCE", "COMPLAINT", d.email),
+        sms=_thresholds(env, f"{p}_SMS", "FAILURE", "OPT_OUT", d.sms),
+        evaluate_seconds=_number(env, f"{p}_EVALUATE_SECONDS", d.evaluate_seconds, float, 1.0),
+        refresh_seconds=_number(env, f"{p}_REFRESH_SECONDS", d.refresh_seconds, float, 0.1),
+        resume_hours=_number(env, f"{p}_RESUME_HOURS", d.resume_hours, float, 0.01),
+    )
+
+
 def _parsed(env: Mapping[str, str], name: str, parse: Callable[[str], T], default: T) -> T:
     raw = _str(env, name)
     if raw is None:
@@ -367,6 +417,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             env, "GATEWAY_SANDBOX_FEEDBACK_DELAY_SECONDS", 0.2, float, 0.0
         ),
         aws_region=_str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION"),
+        reputation=_reputation(env),
+        stale_report_hours=_number(env, "GATEWAY_STALE_REPORT_HOURS", 72.0, float, 0.01),
     )
     _check_consistency(settings, env)
     return settings

@@ -41,7 +41,9 @@ def build_worker(services: Services) -> Worker:
         services.delivery_queue,
         services.dispatch,
         services.settings.retry,
-        maintenance=[services.ingestor.sweep_parked],
+        # The reputation guard evaluates the window every GATEWAY_REPUTATION_EVALUATE_SECONDS
+        # (one process at a time: an advisory lock).
+        maintenance=[services.ingestor.sweep_parked, services.reputation.maybe_evaluate],
     )
 
 

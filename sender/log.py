@@ -150,6 +150,8 @@ class NewMessage:
     expires_at: dt.datetime | None
     content_encrypted: str
     metadata: dict[str, Any]
+    # Stored on each delivery: what the reputation guard counts it under.
+    sender_identity: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +191,7 @@ WITH hits AS ({_HITS}), m AS (
     INSERT INTO deliveries (id, message_id, position, channel, recipient_hash,
         recipient_encrypted, derived_key, status, reason, suppression_id, provider,
         category, topic, priority_rank, expires_at, attempts, next_attempt_at,
-        created_at, updated_at, deferred_since)
+        created_at, updated_at, deferred_since, sender_identity)
     SELECT u.id, m.id, u.position, $5, u.hash, u.enc, u.key,
         CASE WHEN h.id IS NULL THEN u.status ELSE 'suppressed' END,
         CASE WHEN h.id IS NULL THEN u.reason ELSE h.reason END,
@@ -199,7 +201,8 @@ WITH hits AS ({_HITS}), m AS (
         CASE WHEN h.id IS NULL AND u.aid IS NOT NULL THEN 1 ELSE 0 END,
         CASE WHEN h.id IS NULL THEN u.next_at END,
         $12, $12,
-        CASE WHEN h.id IS NULL AND u.status = 'queued' THEN $12::timestamptz END
+        CASE WHEN h.id IS NULL AND u.status = 'queued' THEN $12::timestamptz END,
+        $25::text
     FROM m CROSS JOIN unnest($14::uuid[], $15::int2[], $16::text[], $17::text[],
         $18::text[], $19::text[], $20::text[], $21::text[], $22::uuid[], $23::timestamptz[])
         AS u(id, position, hash, enc, key, status, reason, provider, aid, next_at)
@@ -258,6 +261,7 @@ async def claim(
         [d.attempt_id for d in deliveries],
         [d.next_attempt_at for d in deliveries],
         suppression.scopes_for(message.category, message.topic),
+        message.sender_identity,
     )
     if not rows:
         return None
@@ -1064,3 +1068,63 @@ async def dead_letter(
         history=dead.history,
         now=now,
     )
+
+
+# -- the stale report (an operator's reconciliation) -----------------------------------------
+
+# Waiting for a provider's final word: accepted (`sent`), outcome unknown, or a call that
+# never recorded its outcome.
+STALE_STATUSES: tuple[str, ...] = (st.SENT, st.UNKNOWN, st.SENDING)
+
+
+@dataclass(frozen=True, slots=True)
+class StaleGroup:
+    """Deliveries of one provider and status unchanged since before the cutoff."""
+
+    provider: str | None
+    status: str
+    count: int
+    oldest_updated_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class StaleDelivery:
+    """A stale delivery as the report shows it (ids and times; no recipient)."""
+
+    id: uuid.UUID
+    message_id: uuid.UUID
+    channel: str
+    provider: str | None
+    status: str
+    provider_message_id: str | None
+    attempts: int
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+async def stale_deliveries(
+    conn: Pg, *, before: dt.datetime, limit: int
+) -> tuple[list[StaleGroup], list[StaleDelivery]]:
+    """Deliveries still `sent`, `unknown` or `sending` whose last change is older than
+    `before` (no final callback came): counts per (provider, status) with the oldest, and the
+    `limit` oldest deliveries. An operator report, not a hot path: it reads every delivery
+    created before the cutoff (the status filter has no index on purpose: one on the send
+    path's most updated column would cost every status change)."""
+    statuses = list(STALE_STATUSES)
+    groups = await conn.fetch(
+        "SELECT provider, status, count(*), min(updated_at) FROM deliveries "
+        "WHERE status = ANY($1::text[]) AND updated_at < $2 AND created_at < $2 "
+        "GROUP BY provider, status ORDER BY provider NULLS LAST, status",
+        statuses,
+        before,
+    )
+    rows = await conn.fetch(
+        "SELECT id, message_id, channel, provider, status, provider_message_id, attempts, "
+        "created_at, updated_at FROM deliveries "
+        "WHERE status = ANY($1::text[]) AND updated_at < $2 AND created_at < $2 "
+        "ORDER BY updated_at, id LIMIT $3",
+        statuses,
+        before,
+        limit,
+    )
+    return [StaleGroup(*g) for g in groups], [StaleDelivery(*r) for r in rows]
