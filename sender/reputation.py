@@ -161,7 +161,7 @@ def decide(level: int, previous: Standing | None, now: dt.datetime) -> Standing:
     pauses again), and a higher level than the held one pauses at once."""
     previous = previous or Standing(since=now)
     hold_level, hold_until = previous.hold_level, previous.hold_until
-    if hold_level and (level == 0 or hold_until is None or now >= hold_until):
+    if not hold_level or level == 0 or hold_until is None or now >= hold_until:
         hold_level, hold_until = 0, None
     effective = 0 if hold_level and level <= hold_level else level
     state = STATE_OF_LEVEL[effective]
