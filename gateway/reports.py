@@ -15,10 +15,11 @@ import datetime as dt
 import json
 import uuid
 from dataclasses import asdict, dataclass
-from typing import IO, Annotated
+from typing import IO, Annotated, Any
 
-from litestar import get
+from litestar import Request, get
 from litestar.datastructures import State
+from litestar.exceptions import ClientException
 from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -172,6 +173,7 @@ async def stale_report(
     summary="Deliveries without a final callback and parked events, past a number of hours",
 )
 async def stale_report_route(
+    request: Request[Any, Any, Any],
     state: State,
     hours: Annotated[
         float | None,
@@ -179,7 +181,7 @@ async def stale_report_route(
             gt=0,
             le=MAX_HOURS,
             description="Older than this many hours (default GATEWAY_STALE_REPORT_HOURS)",
-            schema_extra={"one_of": None, "type": "number"},
+            schema_extra={"one_of": None, "type": "number", "exclusive_minimum": 0},
         ),
     ] = None,
     limit: Annotated[
@@ -187,6 +189,9 @@ async def stale_report_route(
     ] = DEFAULT_EXAMPLES,
 ) -> StaleReport:
     """Counts per provider with the oldest, and the oldest examples (no addresses)."""
+    if hours is None and "hours" in request.query_params:
+        # Litestar reads `hours=null` as no value; the contract says a number.
+        raise ClientException("hours must be a number of hours above 0.")
     services = state.services
     return await stale_report(
         services.engine,

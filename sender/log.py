@@ -1128,3 +1128,42 @@ async def stale_deliveries(
         limit,
     )
     return [StaleGroup(*g) for g in groups], [StaleDelivery(*r) for r in rows]
+
+
+# -- the reputation guard's counts (sender.reputation decides with them) ----------------------
+
+# One pass over the window's deliveries (BRIN on created_at), grouped per sending identity.
+# The attempts of a delivery are looked at only when it ended bounced/complained/failed (the
+# LATERAL's condition is a one-time filter per row): their error codes tell SES's own
+# suppressions ($2) and Twilio opt-outs ($3) apart. See sender.reputation for what counts.
+_IDENTITY_COUNTS = """
+SELECT d.sender_identity AS identity, min(d.channel) AS channel,
+    count(*) FILTER (WHERE d.provider_message_id IS NOT NULL OR f.opt_out) AS sends,
+    count(*) FILTER (WHERE d.channel = 'email' AND d.status = 'bounced'
+                      AND NOT f.ses_suppressed)
+  + count(*) FILTER (WHERE d.channel = 'sms' AND d.status = 'failed'
+                      AND d.provider_message_id IS NOT NULL AND NOT f.opt_out) AS bounces,
+    count(*) FILTER (WHERE d.channel = 'email' AND d.status = 'complained'
+                      AND NOT f.ses_suppressed)
+  + count(*) FILTER (WHERE d.channel = 'sms' AND f.opt_out) AS complaints
+FROM deliveries d
+CROSS JOIN LATERAL (
+    SELECT COALESCE(bool_or(a.error_code = $2), false) AS ses_suppressed,
+           COALESCE(bool_or(a.error_code = $3), false) AS opt_out
+    FROM attempts a
+    WHERE a.delivery_id = d.id AND d.status IN ('bounced', 'complained', 'failed')
+) f
+WHERE d.created_at >= $1 AND d.sender_identity IS NOT NULL
+GROUP BY d.sender_identity
+"""
+
+
+async def identity_counts(
+    conn: Pg, *, since: dt.datetime, ses_suppressed: str, opt_out: str
+) -> list[Any]:
+    """Per sending identity, over the deliveries created since `since`: `identity`,
+    `channel`, `sends`, `bounces` (SMS: failures) and `complaints` (SMS: opt-outs), leaving
+    out bounces and complaints whose attempt carries the error code `ses_suppressed`, and
+    counting attempts with `opt_out` as SMS opt-outs (see sender.reputation)."""
+    rows: list[Any] = await conn.fetch(_IDENTITY_COUNTS, since, ses_suppressed, opt_out)
+    return rows

@@ -52,6 +52,7 @@ from typing import Any, Literal
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from sender import log as dlog
 from suppression.db import Pg, jsonb, pg_connection, utcnow
 
 log = logging.getLogger("gateway.reputation")
@@ -199,31 +200,6 @@ def deferral_reason(identity: str, state: str) -> str:
 
 # -- statements -----------------------------------------------------------------------------
 
-# One pass over the window's deliveries (BRIN on created_at), grouped per identity. The
-# attempts of a delivery are looked at only when it ended bounced/complained/failed (the
-# LATERAL's condition is a one-time filter per row): their error codes tell SES's own
-# suppressions and Twilio opt-outs apart.
-_RATES = f"""
-SELECT d.sender_identity AS identity, min(d.channel) AS channel,
-    count(*) FILTER (WHERE d.provider_message_id IS NOT NULL OR f.opt_out) AS sends,
-    count(*) FILTER (WHERE d.channel = 'email' AND d.status = 'bounced'
-                      AND NOT f.ses_suppressed)
-  + count(*) FILTER (WHERE d.channel = 'sms' AND d.status = 'failed'
-                      AND d.provider_message_id IS NOT NULL AND NOT f.opt_out) AS bounces,
-    count(*) FILTER (WHERE d.channel = 'email' AND d.status = 'complained'
-                      AND NOT f.ses_suppressed)
-  + count(*) FILTER (WHERE d.channel = 'sms' AND f.opt_out) AS complaints
-FROM deliveries d
-CROSS JOIN LATERAL (
-    SELECT COALESCE(bool_or(a.error_code = '{SES_ACCOUNT_SUPPRESSED}'), false) AS ses_suppressed,
-           COALESCE(bool_or(a.error_code = '{TWILIO_OPT_OUT}'), false) AS opt_out
-    FROM attempts a
-    WHERE a.delivery_id = d.id AND d.status IN ('bounced', 'complained', 'failed')
-) f
-WHERE d.created_at >= $1 AND d.sender_identity IS NOT NULL
-GROUP BY d.sender_identity
-"""
-
 _STATE_COLUMNS = (
     "identity, channel, state, since, sends, bounces, complaints, evaluated_at, hold_level, "
     "hold_until, resumed_by, resumed_at, resume_reason"
@@ -281,8 +257,11 @@ def _row(record: Any) -> StateRow:
 
 
 async def window_counts(conn: Pg, *, since: dt.datetime) -> dict[str, tuple[str, Counts]]:
-    """identity -> (channel, counts) of the deliveries created since `since`."""
-    rows = await conn.fetch(_RATES, since)
+    """identity -> (channel, counts) of the deliveries created since `since` (the statement
+    belongs to the delivery log, `sender.log.identity_counts`)."""
+    rows = await dlog.identity_counts(
+        conn, since=since, ses_suppressed=SES_ACCOUNT_SUPPRESSED, opt_out=TWILIO_OPT_OUT
+    )
     return {
         r["identity"]: (r["channel"], Counts(r["sends"], r["bounces"], r["complaints"]))
         for r in rows

@@ -17,8 +17,9 @@ import yaml
 from gateway.keys import SCOPES
 from retry import dlq
 from retry.breaker import STATES as BREAKER_STATES
-from sender import schemas
+from sender import reputation, schemas
 from sender import status as st
+from sender.reputation_api import ReputationStateName
 from suppression import service, views
 from suppression.normalize import CHANNELS
 from webhooks.state import DISPOSITIONS
@@ -43,6 +44,7 @@ ENUMS: dict[str, tuple[tuple[str, ...], Any]] = {
     "dead-letter state": (dlq.STATES, None),
     "breaker state": (BREAKER_STATES, None),
     "readiness status": (("ready", "degraded", "unready"), None),
+    "reputation state": (reputation.STATES, ReputationStateName),
 }
 
 # (schema, property) of openapi.yaml -> the enum it must list
@@ -62,6 +64,7 @@ OPENAPI_FIELDS: dict[tuple[str, str], str] = {
     ("EntryView", "source_type"): "source type",
     ("HistoryView", "action"): "history action",
     ("HistoryView", "source_type"): "source type",
+    ("ReputationView", "state"): "reputation state",
 }
 
 

@@ -135,7 +135,15 @@ async def test_stale_report_scope_and_bad_input(gw: Gateway) -> None:
     assert (await gw.client.get("/v1/reports/stale")).status_code == 401
     send_only = {"Authorization": f"Bearer {await gw.make_key('send')}"}
     assert (await gw.client.get("/v1/reports/stale", headers=send_only)).status_code == 403
-    for query in ("hours=0", "hours=-1", "hours=abc", "hours=100000", "limit=0", "limit=101"):
+    for query in (
+        "hours=0",
+        "hours=null",
+        "hours=-1",
+        "hours=abc",
+        "hours=100000",
+        "limit=0",
+        "limit=101",
+    ):
         r = await gw.client.get(f"/v1/reports/stale?{query}", headers=gw.headers)
         assert r.status_code == 400, (query, r.text)
         assert r.headers["content-type"].startswith("application/problem+json")

@@ -4,18 +4,30 @@ to the local stubs, the operator API and its scopes."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
+from gateway.settings import Settings
 from gateway.worker import build_worker
 from sender.models import ReputationHistory
 from sender.reputation import REASON_PREFIX
 from suppression.db import pg_connection
-from tests.sender.helpers import SMS_FROM, Gateway, attempts_of, delivery, email, sms
+from tests.sender.helpers import (
+    SMS_FROM,
+    Gateway,
+    attempts_of,
+    delivery,
+    email,
+    provider_settings,
+    sms,
+)
 from tests.stubs.ses_stub import SesStub
 from tests.stubs.twilio_stub import TwilioStub
 
@@ -355,3 +367,34 @@ async def test_the_send_path_reads_a_cached_view(providers_gateway: Gateway) -> 
     assert (await guard.verdict(DOMAIN, "marketing") or "").startswith(REASON_PREFIX)
     assert await guard.verdict(DOMAIN, "transactional") is None
     assert await guard.verdict(None, "marketing") is None
+
+
+async def test_the_worker_sweep_evaluates_at_its_interval(providers_gateway: Gateway) -> None:
+    gw = providers_gateway
+    guard = gw.services.reputation
+    clock = [1000.0]
+    guard.monotonic = lambda: clock[0]
+    worker = build_worker(gw.services)
+    await window(gw, sends=1000, status={"bounced": 50})
+    await worker.sweep()
+    assert (await states(gw))[DOMAIN]["state"] == "marketing_paused"
+    await window(gw, sends=1000, status={"bounced": 200})
+    await worker.sweep()  # within GATEWAY_REPUTATION_EVALUATE_SECONDS: not evaluated again
+    assert (await states(gw))[DOMAIN]["state"] == "marketing_paused"
+    clock[0] += guard.settings.evaluate_seconds
+    await worker.sweep()
+    assert (await states(gw))[DOMAIN]["state"] == "all_paused"
+
+
+async def test_a_disabled_guard_evaluates_and_pauses_nothing(
+    settings: Settings,
+    ses_stub: SesStub,
+    make_gateway: Callable[..., contextlib.AbstractAsyncContextManager[Gateway]],
+) -> None:
+    off = dataclasses.replace(settings.reputation, enabled=False)
+    async with make_gateway(provider_settings(settings, reputation=off)) as gw:
+        await window(gw, sends=1000, status={"bounced": 500})
+        assert await gw.services.reputation.maybe_evaluate() == 0
+        assert await states(gw) == {}
+        r = await gw.send(_marketing(SUCCESS))
+        assert r.status_code == 201 and ses_stub.count == 1
