@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import logging
 import uuid
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from gateway.settings import Settings
 from gateway.worker import build_worker
 from sender.models import ReputationHistory
 from sender.reputation import REASON_PREFIX
-from suppression.db import pg_connection
+from suppression.db import pg_connection, utcnow
 from tests.sender.helpers import (
     SMS_FROM,
     Gateway,
@@ -30,6 +31,7 @@ from tests.sender.helpers import (
 )
 from tests.stubs.ses_stub import SesStub
 from tests.stubs.twilio_stub import TwilioStub
+from tests.webhooks.feedback import ses_event
 
 DOMAIN = "example.com"  # the identity of provider_settings' email_from (sender@example.com)
 SUCCESS = "success@simulator.amazonses.com"
@@ -398,3 +400,32 @@ async def test_a_disabled_guard_evaluates_and_pauses_nothing(
         assert await states(gw) == {}
         r = await gw.send(_marketing(SUCCESS))
         assert r.status_code == 201 and ses_stub.count == 1
+
+
+async def test_a_bounce_ses_made_for_its_own_suppression_list_is_not_counted(
+    providers_gateway: Gateway, ses_stub: SesStub
+) -> None:
+    """End to end: real sends, real SES bounce events through the feedback path; the one
+    with subtype OnAccountSuppressionList is a send but not a bounce."""
+    gw = providers_gateway
+    pmids = []
+    for to in ("jane@example.com", "joe@example.com"):
+        r = await gw.send(email(to))
+        assert r.status_code == 201, r.text
+        view = await gw.client.get(r.headers["Location"], headers=gw.headers)
+        pmids.append(view.json()["deliveries"][0]["provider_message_id"])
+    for n, (to, pmid, subtype) in enumerate(
+        zip(
+            ("jane@example.com", "joe@example.com"),
+            pmids,
+            ("OnAccountSuppressionList", "General"),
+            strict=True,
+        )
+    ):
+        event = ses_event("Bounce", message_id=pmid, recipients=(to,), bounce_subtype=subtype)
+        assert await gw.services.ingestor.ses_message(event, event_id=f"sns-{n}") == ["applied"]
+    async with pg_connection(gw.services.engine) as conn:
+        from sender import reputation
+
+        counts = await reputation.window_counts(conn, since=utcnow() - dt.timedelta(hours=1))
+    assert counts[DOMAIN] == ("email", reputation.Counts(sends=2, bounces=1, complaints=0))
