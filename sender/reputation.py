@@ -571,7 +571,8 @@ class ReputationGuard:
         if not self.settings.enabled or identity is None:
             return None
         if self._loaded_at is None:
-            await self.refresh()
+            # The process's first sends wait for one load, together (one statement).
+            await asyncio.shield(self._refresh_soon())
         elif self.monotonic() - self._loaded_at >= self.settings.refresh_seconds:
             self._refresh_soon()
         state = self._paused.get(identity)
@@ -579,10 +580,11 @@ class ReputationGuard:
             return None
         return deferral_reason(identity, state)
 
-    def _refresh_soon(self) -> None:
-        if self._refreshing is not None and not self._refreshing.done():
-            return
-        self._refreshing = asyncio.ensure_future(self.refresh())
+    def _refresh_soon(self) -> asyncio.Task[None]:
+        """The refresh under way, or a new one (at most one at a time)."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self.refresh())
+        return self._refreshing
 
     async def refresh(self) -> None:
         """Load the paused identities now (one statement). A failure keeps the last view
