@@ -44,6 +44,7 @@ from gateway.subjects import ROUTES as SUBJECT_ROUTES
 from retry.api import DeadLetterController
 from retry.queue import DeliveryQueue
 from sender.api import MessagesController
+from sender.events_api import EventsController
 from sender.mailbox_api import SandboxMailboxController
 from sender.reputation_api import ReputationController
 from suppression.api import ROUTES as SUPPRESSION_ROUTES
@@ -77,7 +78,7 @@ def route_handlers() -> list[Any]:
     """Every package's routes; the composition root is the only place that lists them."""
     handlers: list[Any] = [healthz, readyz, metrics, KeysController]
     handlers += [*SUPPRESSION_ROUTES, *SUBJECT_ROUTES]
-    handlers += [MessagesController, SandboxMailboxController]
+    handlers += [MessagesController, SandboxMailboxController, EventsController]
     handlers += WEBHOOK_ROUTES
     handlers.append(DeadLetterController)
     handlers += [ReputationController, stale_report_route]

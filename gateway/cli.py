@@ -1,4 +1,5 @@
-"""The `gateway` command: serve, worker, migrate, openapi, keys, suppressions, dlq, report."""
+"""The `gateway` command: serve, worker, migrate, openapi, keys, suppressions, dlq, events,
+report."""
 
 from __future__ import annotations
 
@@ -524,6 +525,64 @@ def _report_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     report.set_defaults(func=cmd_report)
 
 
+def cmd_events(args: argparse.Namespace) -> int:
+    """`gateway events tail`: print the event feed as JSON Lines, following it."""
+    from gateway.runtime import prepare, services_for
+    from sender import events
+    from suppression.db import pg_connection
+
+    types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else None
+    try:
+        events.check_types(types)
+        events.decode_cursor(args.after)
+    except ValueError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
+    settings = _settings()
+    _logging(settings)
+    services = services_for(prepare(settings))
+
+    async def run() -> int:
+        try:
+            after = args.after
+            if after is None and not args.from_start:
+                async with pg_connection(services.engine) as conn:
+                    after = await events.current_cursor(conn)
+            cursor = await events.tail(
+                services.engine,
+                services.protector,
+                after=after,
+                types=types,
+                out=sys.stdout,
+                follow=not args.no_follow,
+                poll_seconds=args.poll_seconds,
+            )
+            print(f"next cursor: {cursor}", file=sys.stderr)
+            return 0
+        finally:
+            await services.close()
+
+    try:
+        return asyncio.run(run())
+    except KeyboardInterrupt:
+        return 130
+
+
+def _events_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ev = sub.add_parser("events", help="read the outbound event feed")
+    esub = ev.add_subparsers(dest="action", required=True)
+    tail = esub.add_parser(
+        "tail", help="print events as JSON Lines as they commit (every key's events)"
+    )
+    tail.add_argument("--types", default=None, help="comma separated, e.g. delivery.bounced")
+    start = tail.add_mutually_exclusive_group()
+    start.add_argument("--after", default=None, help="resume after this cursor")
+    start.add_argument("--from-start", action="store_true", help="begin with the oldest event kept")
+    tail.add_argument("--no-follow", action="store_true", help="stop at the end instead of waiting")
+    tail.add_argument("--poll-seconds", type=float, default=1.0)
+    ev.set_defaults(func=cmd_events)
+
+
 # Commands whose parsers need nothing of the suppression and retry packages: for them the
 # `suppressions` and `dlq` parsers are left bare, so that `gateway keys list` does not import
 # phone-number and email validation just to build its argument parser.
@@ -578,6 +637,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     else:
         _suppressions_parser(sub)
         _dlq_parser(sub)
+    _events_parser(sub)
     return parser
 
 

@@ -103,6 +103,9 @@ class Settings:
     # GATEWAY_STALE_REPORT_HOURS: how long a delivery may wait for its final callback (and a
     # parked event for its delivery) before the stale report lists it.
     stale_report_hours: float = 72.0
+    # Outbound events (sender.events): how long event rows are kept (the feed's cursors stay
+    # valid this long); the worker's sweep prunes older ones.
+    event_retention_days: int = 30
 
     @property
     def embedded_database(self) -> bool:
@@ -419,6 +422,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         aws_region=_str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION"),
         reputation=_reputation(env),
         stale_report_hours=_number(env, "GATEWAY_STALE_REPORT_HOURS", 72.0, float, 0.01),
+        event_retention_days=_number(env, "GATEWAY_EVENT_RETENTION_DAYS", 30, int, 1),
     )
     _check_consistency(settings, env)
     return settings

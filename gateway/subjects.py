@@ -55,7 +55,7 @@ from sqlalchemy.sql.expression import bindparam
 from gateway.auth import principal_of
 from gateway.services import Services
 from retry.models import DeadLetter
-from sender.models import Attempt, Delivery, Message, SandboxMessage
+from sender.models import Attempt, Delivery, Event, Message, SandboxMessage
 from suppression.crypto import AddressProtector, InvalidToken
 from suppression.db import Base
 from suppression.models import Suppression, SuppressionHistory
@@ -76,6 +76,8 @@ CIPHERTEXT_COLUMNS: tuple[tuple[type[Base], str, str], ...] = (
     (ProviderEvent, "payload_encrypted", "payload"),
     (Message, "content_encrypted", "content"),
     (SandboxMessage, "content_encrypted", "content"),
+    # Outbound events keep a copy of the address they report (sender.events).
+    (Event, "address_encrypted", "address"),
 )
 _CIPHERTEXT = {(model.__tablename__, column) for model, column, _ in CIPHERTEXT_COLUMNS}
 REDACTED = "[erased]"
@@ -166,6 +168,11 @@ def _related(
         SandboxMessage: and_(
             SandboxMessage.channel == subject.channel,
             SandboxMessage.to_hash == subject.address_hash,
+        ),
+        # Outbound events about the subject's deliveries and suppression entries.
+        Event: or_(
+            and_(Event.channel == subject.channel, Event.address_hash == subject.address_hash),
+            Event.delivery_id.in_(delivery_ids),
         ),
     }
 

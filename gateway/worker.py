@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator
@@ -17,6 +18,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from gateway.services import Services, replay_sandbox_feedback
 from gateway.settings import Settings
 from retry.worker import Worker
+from sender import events
+from suppression.db import pg_connection, utcnow
 
 log = logging.getLogger("gateway")
 
@@ -43,8 +46,35 @@ def build_worker(services: Services) -> Worker:
         services.settings.retry,
         # The reputation guard evaluates the window every GATEWAY_REPUTATION_EVALUATE_SECONDS
         # (one process at a time: an advisory lock).
-        maintenance=[services.ingestor.sweep_parked, services.reputation.maybe_evaluate],
+        maintenance=[
+            services.ingestor.sweep_parked,
+            event_pruner(services),
+            services.reputation.maybe_evaluate,
+        ],
     )
+
+
+# Batches of event rows deleted per sweep at most (each batch is its own short statement).
+PRUNE_BATCHES = 10
+
+
+def event_pruner(
+    services: Services, clock: Callable[[], dt.datetime] = utcnow
+) -> Callable[[], Awaitable[int]]:
+    """The sweep's retention job: delete events older than GATEWAY_EVENT_RETENTION_DAYS."""
+
+    async def prune() -> int:
+        before = clock() - dt.timedelta(days=services.settings.event_retention_days)
+        total = 0
+        async with pg_connection(services.engine) as conn:
+            for _ in range(PRUNE_BATCHES):
+                deleted = await events.prune(conn, before=before)
+                total += deleted
+                if deleted < events.PRUNE_BATCH:
+                    break
+        return total
+
+    return prune
 
 
 async def run_worker(services: Services) -> None:

@@ -1,10 +1,12 @@
 """HTTP routes of the send side: `POST /v1/messages` (scope send), `GET /v1/messages/{id}`
-(scope read)."""
+and the message search `GET /v1/messages` (scope read)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Any, Protocol
 
 from litestar import Controller, Request, Response, get, post
@@ -12,11 +14,34 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.exceptions import HTTPException, NotFoundException
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import Body, HeaderParameter
+from litestar.openapi.spec import OpenAPIType, Operation, Schema
+from litestar.openapi.spec import Parameter as OpenAPIParameter
+from litestar.params import Body, HeaderParameter, Parameter
 
+from sender import log as dlog
+from sender import search as finder
 from sender.keys import IDEMPOTENCY_KEY_PATTERN, InvalidIdempotencyKey, parse_idempotency_key
-from sender.schemas import MULTILINE_FIELDS, MessageCreated, MessageView, SendMessage
+from sender.schemas import (
+    MAX_ADDRESS,
+    MAX_METADATA_KEY,
+    MAX_METADATA_KEYS,
+    MAX_METADATA_VALUE,
+    MAX_TOPIC,
+    MULTILINE_FIELDS,
+    Category,
+    Channel,
+    DeliveryStatusName,
+    MessageCreated,
+    MessagePage,
+    MessageView,
+    SendMessage,
+)
 from sender.service import SendProblem, SendService
+from suppression.db import pg_of
+
+# An optional text parameter is stated as a plain string (not `oneOf` string/null), so that
+# its length bounds sit on the string itself.
+_TEXT: dict[str, Any] = {"one_of": None, "type": "string"}
 
 
 class _Principal(Protocol):
@@ -42,6 +67,41 @@ def _problem(problem: SendProblem) -> HTTPException:
         status_code=problem.status,
         detail=problem.detail,
         extra={"type": problem.type, **problem.members},
+    )
+
+
+@dataclass
+class _SearchOperation(Operation):
+    """The search's operation, with the `metadata[key]=value` filters Litestar cannot infer
+    (the handler reads them from the query string itself)."""
+
+    def __post_init__(self) -> None:
+        self.parameters = [
+            *(self.parameters or []),
+            OpenAPIParameter(
+                name="metadata",
+                param_in="query",
+                required=False,
+                style="deepObject",
+                explode=True,
+                description="`metadata[key]=value`: messages whose metadata has all these pairs",
+                schema=Schema(
+                    type=OpenAPIType.OBJECT,
+                    max_properties=MAX_METADATA_KEYS,
+                    property_names=Schema(
+                        type=OpenAPIType.STRING, min_length=1, max_length=MAX_METADATA_KEY
+                    ),
+                    additional_properties=Schema(
+                        type=OpenAPIType.STRING, max_length=MAX_METADATA_VALUE
+                    ),
+                ),
+            ),
+        ]
+
+
+def _search_problem(problem: finder.SearchProblem) -> HTTPException:
+    return HTTPException(
+        status_code=problem.status, detail=str(problem), extra={"type": problem.type}
     )
 
 
@@ -119,6 +179,85 @@ class MessagesController(Controller):
         return Response(answer.body, status_code=answer.status_code, headers=headers)
 
     @get(
+        "/",
+        opt={"scope": "read"},
+        operation_class=_SearchOperation,
+        summary="Search messages (newest first, cursor pagination)",
+        description=(
+            "The key's own messages (every client's for admin keys), newest first, with their "
+            "deliveries' statuses. `to` matches one recipient exactly, by the keyed hash of "
+            "the address normalized as a send normalizes it (with `channel`, or guessed: "
+            "an address with `@` is email, anything else a phone number). `status` matches "
+            "messages with a delivery in that status; `since`/`until` bound the creation "
+            "time (inclusive/exclusive); `metadata[key]=value` filters on the send's metadata."
+        ),
+        responses={
+            400: ResponseSpec(
+                None,
+                description="A malformed parameter, cursor (urn:problem:invalid-cursor) or "
+                "metadata filter (urn:problem:invalid-query)",
+            ),
+            422: ResponseSpec(
+                None, description="`to` is not a valid address (urn:problem:invalid-address)"
+            ),
+        },
+    )
+    async def find(
+        self,
+        request: Request[Any, Any, Any],
+        send_service: SendService,
+        to: Annotated[
+            str | None, Parameter(min_length=1, max_length=MAX_ADDRESS, schema_extra=_TEXT)
+        ] = None,
+        status: DeliveryStatusName | None = None,
+        channel: Channel | None = None,
+        category: Category | None = None,
+        topic: Annotated[
+            str | None, Parameter(min_length=1, max_length=MAX_TOPIC, schema_extra=_TEXT)
+        ] = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        cursor: Annotated[
+            str | None,
+            Parameter(
+                description="`next_cursor` of the previous page (opaque)",
+                max_length=finder.MAX_CURSOR,
+                schema_extra=_TEXT,
+            ),
+        ] = None,
+        limit: Annotated[int, Parameter(ge=1, le=finder.MAX_LIMIT)] = finder.DEFAULT_LIMIT,
+    ) -> MessagePage:
+        """Find messages (see the route description)."""
+        principal = _principal(request)
+        try:
+            where = dlog.MessageFilter(
+                client_id=None if "admin" in _scopes(principal) else principal.key_id,
+                recipient=(
+                    finder.recipient_filter(
+                        send_service.protector,
+                        to,
+                        channel,
+                        send_service.config.default_region,
+                    )
+                    if to is not None
+                    else None
+                ),
+                status=status,
+                channel=channel,
+                category=category,
+                topic=topic,
+                since=_aware(since),
+                until=_aware(until),
+                metadata=finder.metadata_filter(request.query_params),
+                before=finder.decode_cursor(cursor) if cursor is not None else None,
+            )
+        except finder.SearchProblem as problem:
+            raise _search_problem(problem) from None
+        async with send_service.sessions() as session:
+            conn = await pg_of(session)
+            return await finder.search(conn, send_service.protector, where, limit=limit)
+
+    @get(
         "/{message_id:uuid}",
         opt={"scope": "read"},
         summary="A message with its deliveries, attempts, provider events and suppressions",
@@ -135,6 +274,13 @@ class MessagesController(Controller):
         if view is None:
             raise NotFoundException(f"No message {message_id}.")
         return view
+
+
+def _aware(value: dt.datetime | None) -> dt.datetime | None:
+    """A time without a zone is taken as UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    return value
 
 
 def _scopes(principal: _Principal) -> frozenset[str]:

@@ -1167,3 +1167,95 @@ async def identity_counts(
     counting attempts with `opt_out` as SMS opt-outs (see sender.reputation)."""
     rows: list[Any] = await conn.fetch(_IDENTITY_COUNTS, since, ses_suppressed, opt_out)
     return rows
+
+
+# -- message search (GET /v1/messages) ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFilter:
+    """What `search` looks for; None fields do not filter.
+
+    `client_id` None: every client's messages (admin). `recipient` is (channel, address hash)
+    of one normalized recipient; `metadata` must be contained in the message's metadata.
+    `before` is the keyset position (created_at, id) of the last message of the previous page.
+    """
+
+    client_id: uuid.UUID | None = None
+    recipient: tuple[str, str] | None = None
+    status: str | None = None
+    channel: str | None = None
+    category: str | None = None
+    topic: str | None = None
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+    metadata: dict[str, str] | None = None
+    before: tuple[dt.datetime, uuid.UUID] | None = None
+
+
+async def search(conn: Pg, where: MessageFilter, *, limit: int) -> list[MessageRow]:
+    """Messages matching `where`, newest first (created_at, id descending), at most `limit`.
+
+    The statement names only the filters that are set, so each combination gets a plan of its
+    own (a recipient search starts from the deliveries' (channel, recipient hash) index, a
+    key's listing from `ix_messages_client_created`).
+    """
+    clauses: list[str] = []
+    args: list[Any] = []
+
+    def arg(value: Any) -> str:
+        args.append(value)
+        return f"${len(args)}"
+
+    if where.client_id is not None:
+        clauses.append(f"m.client_id = {arg(where.client_id)}")
+    if where.recipient is not None:
+        # With `status` too, the same delivery (that recipient's) must have that status.
+        channel, address_hash = where.recipient
+        status = f" AND d.status = {arg(where.status)}" if where.status is not None else ""
+        clauses.append(
+            "m.id IN (SELECT d.message_id FROM deliveries d "
+            f"WHERE d.channel = {arg(channel)} AND d.recipient_hash = {arg(address_hash)}{status})"
+        )
+    elif where.status is not None:
+        clauses.append(
+            "EXISTS (SELECT 1 FROM deliveries s "
+            f"WHERE s.message_id = m.id AND s.status = {arg(where.status)})"
+        )
+    if where.channel is not None:
+        clauses.append(f"m.channel = {arg(where.channel)}")
+    if where.category is not None:
+        clauses.append(f"m.category = {arg(where.category)}")
+    if where.topic is not None:
+        clauses.append(f"m.topic = {arg(where.topic)}")
+    if where.since is not None:
+        clauses.append(f"m.created_at >= {arg(where.since)}")
+    if where.until is not None:
+        clauses.append(f"m.created_at < {arg(where.until)}")
+    if where.metadata:
+        clauses.append(f"m.metadata @> {arg(jsonb(where.metadata))}::jsonb")
+    if where.before is not None:
+        at, last_id = where.before
+        clauses.append(f"(m.created_at, m.id) < ({arg(at)}::timestamptz, {arg(last_id)}::uuid)")
+    sql = (
+        f"SELECT {_M} FROM messages m"
+        + (" WHERE " + " AND ".join(clauses) if clauses else "")
+        + f" ORDER BY m.created_at DESC, m.id DESC LIMIT {arg(limit)}"
+    )
+    return [MessageRow(*r) for r in await conn.fetch(sql, *args)]
+
+
+async def deliveries_of_messages(
+    conn: Pg, message_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, list[DeliveryRow]]:
+    """The deliveries of several messages, each list in request order."""
+    rows = await conn.fetch(
+        f"SELECT {_D} FROM deliveries d WHERE d.message_id = ANY($1::uuid[]) "
+        "ORDER BY d.message_id, d.position, d.created_at",
+        list(message_ids),
+    )
+    out: dict[uuid.UUID, list[DeliveryRow]] = {i: [] for i in message_ids}
+    for r in rows:
+        delivery = _delivery(r)
+        out[delivery.message_id].append(delivery)
+    return out

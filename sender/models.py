@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     DateTime,
     ForeignKey,
     Index,
@@ -29,6 +30,10 @@ class Message(Base):
     __tablename__ = "messages"
     __table_args__ = (
         UniqueConstraint("client_id", "idempotency_key", name="uq_messages_client_idempotency_key"),
+        # Message search (`GET /v1/messages`): a key's own messages newest first, and all of
+        # them for admin keys.
+        Index("ix_messages_client_created", "client_id", "created_at", "id"),
+        Index("ix_messages_created", "created_at", "id"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
@@ -232,3 +237,42 @@ class ReputationHistory(Base):
     to_state: Mapped[str] = mapped_column(String(24))
     reason: Mapped[str] = mapped_column(Text)
     details: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+
+
+class Event(Base):
+    """The outbox: one row per change of a delivery's status and per suppression add/remove.
+
+    Rows are written only by PostgreSQL triggers that migration 0009 creates on `deliveries`,
+    `suppression_history` and `suppressions`, in the transaction of the change they report
+    (see `sender/events.py`, which holds every statement that reads or prunes the table).
+    `xid` is the writing transaction's id (`pg_current_xact_id()`): the feed serves a row
+    only once every transaction with a lower id has finished, so no row is ever skipped.
+    """
+
+    __tablename__ = "events"
+    __table_args__ = (
+        # The feed: (xid, id) is the cursor order.
+        Index("ix_events_feed", "xid", "id"),
+        # Retention pruning.
+        Index("ix_events_occurred_at", "occurred_at"),
+        # Erasure and subject access by address.
+        Index("ix_events_address", "channel", "address_hash"),
+        Index("ix_events_delivery", "delivery_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    xid: Mapped[int] = mapped_column(BigInteger)
+    type: Mapped[str] = mapped_column(String(32))
+    occurred_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    # The API key that sent the message (delivery events); NULL for suppression events.
+    message_owner: Mapped[uuid.UUID | None] = mapped_column()
+    message_id: Mapped[uuid.UUID | None] = mapped_column()
+    delivery_id: Mapped[uuid.UUID | None] = mapped_column()
+    channel: Mapped[str] = mapped_column(String(16))
+    address_hash: Mapped[str] = mapped_column(String(64))
+    # Fernet ciphertext of the normalized address (copied from the delivery or suppression
+    # entry); NULL after erasure. Decrypted when the event is read or pushed.
+    address_encrypted: Mapped[str | None] = mapped_column(Text)
+    # The rest of the payload's `data` without personal data (`to`/`address` and the
+    # message's `metadata` are added when the event is read).
+    data: Mapped[dict[str, Any]] = mapped_column(JSONB)

@@ -178,3 +178,34 @@ class MessageView(msgspec.Struct, kw_only=True):
     created_at: dt.datetime
     completed_at: dt.datetime | None
     deliveries: list[DeliveryView]
+
+
+class DeliveryStatusView(msgspec.Struct, kw_only=True):
+    """A delivery's recipient and status, as message search lists it."""
+
+    id: uuid.UUID
+    to: str | None
+    status: DeliveryStatusName
+    reason: str | None
+
+
+class MessageSummary(msgspec.Struct, kw_only=True):
+    """One message found by `GET /v1/messages`, with its deliveries' statuses."""
+
+    id: uuid.UUID
+    channel: Channel
+    category: Category
+    topic: str | None
+    priority: Priority
+    metadata: dict[str, Any]
+    state: str
+    created_at: dt.datetime
+    completed_at: dt.datetime | None
+    deliveries: list[DeliveryStatusView]
+
+
+class MessagePage(msgspec.Struct, kw_only=True):
+    """Answer to `GET /v1/messages`: newest first; `next_cursor` is None on the last page."""
+
+    items: list[MessageSummary]
+    next_cursor: str | None

@@ -17,7 +17,7 @@ import yaml
 from gateway.keys import SCOPES
 from retry import dlq
 from retry.breaker import STATES as BREAKER_STATES
-from sender import reputation, schemas
+from sender import events, reputation, schemas
 from sender import status as st
 from sender.reputation_api import ReputationStateName
 from suppression import service, views
@@ -45,6 +45,7 @@ ENUMS: dict[str, tuple[tuple[str, ...], Any]] = {
     "breaker state": (BREAKER_STATES, None),
     "readiness status": (("ready", "degraded", "unready"), None),
     "reputation state": (reputation.STATES, ReputationStateName),
+    "event type": (events.EVENT_TYPES, events.EventType),
 }
 
 # (schema, property) of openapi.yaml -> the enum it must list
@@ -65,6 +66,11 @@ OPENAPI_FIELDS: dict[tuple[str, str], str] = {
     ("HistoryView", "action"): "history action",
     ("HistoryView", "source_type"): "source type",
     ("ReputationView", "state"): "reputation state",
+    ("EventItem", "type"): "event type",
+    ("DeliveryStatusView", "status"): "delivery status",
+    ("MessageSummary", "channel"): "channel",
+    ("MessageSummary", "category"): "category",
+    ("MessageSummary", "priority"): "priority",
 }
 
 

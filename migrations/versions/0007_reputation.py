@@ -1,7 +1,7 @@
 """reputation guard: deliveries.sender_identity, reputation_states, reputation_history
 
 Revision ID: 0007
-Revises: 0004
+Revises: 0009
 """
 
 from collections.abc import Sequence
@@ -11,7 +11,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0007"
-down_revision: str | None = "0004"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -26,6 +26,7 @@ EXPECTED_TABLES = {
     "suppression_history",
     "dead_letters",
     "api_keys",
+    "events",
 }
 
 

@@ -253,3 +253,28 @@ async def test_sends_wait_while_the_callback_backlog_is_full() -> None:
     await runner.drain()
     assert runner.overdue == 0
     assert len(feedback.twilio) >= 8  # every send's callbacks were applied in the end
+
+
+class CountingStore:
+    """A `MailboxStore` in memory that counts its write statements."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[int, int]] = []
+
+    async def write(self, new: Any, progressed: Any) -> None:
+        self.writes.append((len(new), len(progressed)))
+
+    async def pending(self) -> list[Any]:
+        return []
+
+
+async def test_mailbox_writes_of_sends_one_at_a_time_share_a_statement() -> None:
+    store = CountingStore()
+    runner = FeedbackRunner(None, delay=3600, store=store)
+    provider = SandboxSmsProvider(runner, public_url="https://gw.test")
+    for i in range(5):  # one at a time, as a single client sends
+        assert (await provider.send(_sms(f"+1415555020{i}"))).accepted
+        await asyncio.sleep(0)
+    await runner.flush()
+    assert sum(n for n, _ in store.writes) == 5
+    assert len(store.writes) == 1  # not one statement per send
