@@ -33,7 +33,7 @@ from sender.providers.base import Provider
 from sender.providers.sandbox import FeedbackRunner, SandboxEmailProvider, SandboxSmsProvider
 from sender.providers.ses import SesProvider
 from sender.providers.twilio import TwilioProvider
-from sender.reputation import ReputationGuard
+from sender.reputation import ReputationGuard, uncounted_hashes
 from sender.service import SendService
 from suppression.api import SuppressionContext
 from suppression.crypto import AddressProtector
@@ -161,7 +161,7 @@ def build_services(settings: Settings, database_url: str) -> Services:
         delay=settings.sandbox_feedback_delay_seconds,
         store=mailbox if sandbox_channels else None,
     )
-    reputation = ReputationGuard(engine, settings.reputation)
+    reputation = ReputationGuard(engine, settings.reputation, uncounted=uncounted_hashes(protector))
     dispatcher = Dispatcher(
         engine=engine,
         protector=protector,

@@ -1154,18 +1154,22 @@ CROSS JOIN LATERAL (
     WHERE a.delivery_id = d.id AND d.status IN ('bounced', 'complained', 'failed')
 ) f
 WHERE d.created_at >= $1 AND d.sender_identity IS NOT NULL
+  AND NOT (d.recipient_hash = ANY($4::text[]))
 GROUP BY d.sender_identity
 """
 
 
 async def identity_counts(
-    conn: Pg, *, since: dt.datetime, ses_suppressed: str, opt_out: str
+    conn: Pg, *, since: dt.datetime, ses_suppressed: str, opt_out: str, uncounted: Sequence[str]
 ) -> list[Any]:
     """Per sending identity, over the deliveries created since `since`: `identity`,
     `channel`, `sends`, `bounces` (SMS: failures) and `complaints` (SMS: opt-outs), leaving
     out bounces and complaints whose attempt carries the error code `ses_suppressed`, and
-    counting attempts with `opt_out` as SMS opt-outs (see sender.reputation)."""
-    rows: list[Any] = await conn.fetch(_IDENTITY_COUNTS, since, ses_suppressed, opt_out)
+    counting attempts with `opt_out` as SMS opt-outs, and leaving out deliveries to the
+    recipient hashes `uncounted` (see sender.reputation)."""
+    rows: list[Any] = await conn.fetch(
+        _IDENTITY_COUNTS, since, ses_suppressed, opt_out, list(uncounted)
+    )
     return rows
 
 

@@ -53,7 +53,9 @@ from typing import Any, Literal
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sender import log as dlog
+from suppression.crypto import AddressProtector
 from suppression.db import Pg, jsonb, pg_connection, utcnow
+from suppression.normalize import normalize
 
 log = logging.getLogger("gateway.reputation")
 
@@ -70,6 +72,13 @@ STATE_OF_LEVEL: dict[int, str] = {v: k for k, v in LEVEL.items()}
 SES_ACCOUNT_SUPPRESSED = "OnAccountSuppressionList"
 # Twilio: the recipient has opted out (texted STOP) of this sender.
 TWILIO_OPT_OUT = "21610"
+# SES counts no mail to its mailbox simulator toward the rates (its reputation dashboard
+# documentation): deliveries to these addresses are left out of the count entirely (exact
+# addresses; `bounce+label@...` is counted, the hash cannot see the label).
+SIMULATOR_ADDRESSES: tuple[str, ...] = tuple(
+    f"{kind}@simulator.amazonses.com"
+    for kind in ("success", "bounce", "ooto", "complaint", "suppressionlist", "blacklist")
+)
 # The actor of automatic changes in the history.
 GUARD_ACTOR = "guard"
 # How a delivery deferred by the guard is marked (`deliveries.reason`).
@@ -256,11 +265,23 @@ def _row(record: Any) -> StateRow:
     return StateRow(*record)
 
 
-async def window_counts(conn: Pg, *, since: dt.datetime) -> dict[str, tuple[str, Counts]]:
-    """identity -> (channel, counts) of the deliveries created since `since` (the statement
-    belongs to the delivery log, `sender.log.identity_counts`)."""
+def uncounted_hashes(protector: AddressProtector) -> tuple[str, ...]:
+    """The recipient hashes of the mailbox simulator's addresses (never counted)."""
+    return tuple(protector.hash("email", normalize("email", a).key) for a in SIMULATOR_ADDRESSES)
+
+
+async def window_counts(
+    conn: Pg, *, since: dt.datetime, uncounted: Sequence[str] = ()
+) -> dict[str, tuple[str, Counts]]:
+    """identity -> (channel, counts) of the deliveries created since `since`, except those
+    to the recipient hashes `uncounted` (the statement belongs to the delivery log,
+    `sender.log.identity_counts`)."""
     rows = await dlog.identity_counts(
-        conn, since=since, ses_suppressed=SES_ACCOUNT_SUPPRESSED, opt_out=TWILIO_OPT_OUT
+        conn,
+        since=since,
+        ses_suppressed=SES_ACCOUNT_SUPPRESSED,
+        opt_out=TWILIO_OPT_OUT,
+        uncounted=uncounted,
     )
     return {
         r["identity"]: (r["channel"], Counts(r["sends"], r["bounces"], r["complaints"]))
@@ -387,14 +408,16 @@ def _why(level: int, previous: Standing, new: Standing) -> str:
 
 
 async def evaluate(
-    conn: Pg, settings: ReputationSettings, *, now: dt.datetime
+    conn: Pg, settings: ReputationSettings, *, now: dt.datetime, uncounted: Sequence[str] = ()
 ) -> tuple[list[StateRow], list[Change]] | None:
     """Count the window, decide every identity's state, store states and changes (in one
     transaction). None when another process is evaluating right now (advisory lock)."""
     async with conn.transaction():
         if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", _LOCK_KEY):
             return None
-        counted = await window_counts(conn, since=now - dt.timedelta(hours=settings.window_hours))
+        counted = await window_counts(
+            conn, since=now - dt.timedelta(hours=settings.window_hours), uncounted=uncounted
+        )
         stored = {s.identity: s for s in await states(conn, lock=True)}
         rows: list[StateRow] = []
         changes: list[Change] = []
@@ -560,6 +583,8 @@ class ReputationGuard:
     settings: ReputationSettings = field(default_factory=ReputationSettings)
     clock: Callable[[], dt.datetime] = utcnow
     monotonic: Callable[[], float] = time.monotonic
+    # Recipient hashes never counted (`uncounted_hashes`: the SES mailbox simulator).
+    uncounted: Sequence[str] = ()
     _paused: Mapping[str, str] = field(default_factory=dict, init=False)
     _loaded_at: float | None = field(default=None, init=False)
     _refreshing: asyncio.Task[None] | None = field(default=None, init=False)
@@ -600,7 +625,7 @@ class ReputationGuard:
     async def evaluate(self) -> list[Change]:
         """Evaluate every identity now (see `evaluate`) and refresh this process's view."""
         async with pg_connection(self.engine) as conn:
-            result = await evaluate(conn, self.settings, now=self.clock())
+            result = await evaluate(conn, self.settings, now=self.clock(), uncounted=self.uncounted)
         self._evaluated_at = self.monotonic()
         if result is None:
             return []
