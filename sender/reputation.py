@@ -408,13 +408,24 @@ def _why(level: int, previous: Standing, new: Standing) -> str:
 
 
 async def evaluate(
-    conn: Pg, settings: ReputationSettings, *, now: dt.datetime, uncounted: Sequence[str] = ()
+    conn: Pg,
+    settings: ReputationSettings,
+    *,
+    now: dt.datetime,
+    uncounted: Sequence[str] = (),
+    unless_since: dt.datetime | None = None,
 ) -> tuple[list[StateRow], list[Change]] | None:
     """Count the window, decide every identity's state, store states and changes (in one
-    transaction). None when another process is evaluating right now (advisory lock)."""
+    transaction). None when another process is evaluating right now (advisory lock), or when
+    some process evaluated at or after `unless_since` (so N worker processes evaluate once
+    per interval between them, not N times)."""
     async with conn.transaction():
         if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", _LOCK_KEY):
             return None
+        if unless_since is not None:
+            last = await conn.fetchval("SELECT max(evaluated_at) FROM reputation_states")
+            if last is not None and last >= unless_since:
+                return None
         counted = await window_counts(
             conn, since=now - dt.timedelta(hours=settings.window_hours), uncounted=uncounted
         )
@@ -622,10 +633,16 @@ class ReputationGuard:
         finally:
             self._loaded_at = self.monotonic()
 
-    async def evaluate(self) -> list[Change]:
+    async def evaluate(self, *, unless_since: dt.datetime | None = None) -> list[Change]:
         """Evaluate every identity now (see `evaluate`) and refresh this process's view."""
         async with pg_connection(self.engine) as conn:
-            result = await evaluate(conn, self.settings, now=self.clock(), uncounted=self.uncounted)
+            result = await evaluate(
+                conn,
+                self.settings,
+                now=self.clock(),
+                uncounted=self.uncounted,
+                unless_since=unless_since,
+            )
         self._evaluated_at = self.monotonic()
         if result is None:
             return []
@@ -636,13 +653,18 @@ class ReputationGuard:
 
     async def maybe_evaluate(self) -> int:
         """The worker's periodic job: evaluate when GATEWAY_REPUTATION_EVALUATE_SECONDS have
-        passed since the last time; returns how many identities changed state."""
+        passed since this process's last try and since any process's last evaluation;
+        returns how many identities changed state."""
         if not self.settings.enabled:
             return 0
         last = self._evaluated_at
-        if last is not None and self.monotonic() - last < self.settings.evaluate_seconds:
+        interval = self.settings.evaluate_seconds
+        if last is not None and self.monotonic() - last < interval:
             return 0
-        return len(await self.evaluate())
+        # A little slack: processes whose sweeps run at the same cadence must not skip each
+        # other's turn by a few milliseconds.
+        since = self.clock() - dt.timedelta(seconds=interval * 0.9)
+        return len(await self.evaluate(unless_since=since))
 
     async def current(self) -> list[IdentityReputation]:
         """Every identity's state, rates and thresholds as last evaluated (from the database,

@@ -376,12 +376,20 @@ async def test_the_worker_sweep_evaluates_at_its_interval(providers_gateway: Gat
     guard = gw.services.reputation
     clock = [1000.0]
     guard.monotonic = lambda: clock[0]
+    start = utcnow()
+    guard.clock = lambda: start + dt.timedelta(seconds=clock[0] - 1000.0)
     worker = build_worker(gw.services)
     await window(gw, sends=1000, status={"bounced": 50})
     await worker.sweep()
     assert (await states(gw))[DOMAIN]["state"] == "marketing_paused"
     await window(gw, sends=1000, status={"bounced": 200})
     await worker.sweep()  # within GATEWAY_REPUTATION_EVALUATE_SECONDS: not evaluated again
+    assert (await states(gw))[DOMAIN]["state"] == "marketing_paused"
+    # Another process evaluated just now (its row is recent): this one skips its turn.
+    clock[0] += guard.settings.evaluate_seconds
+    async with pg_connection(gw.services.engine) as conn:
+        await conn.execute("UPDATE reputation_states SET evaluated_at = $1", guard.clock())
+    await worker.sweep()
     assert (await states(gw))[DOMAIN]["state"] == "marketing_paused"
     clock[0] += guard.settings.evaluate_seconds
     await worker.sweep()
