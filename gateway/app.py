@@ -32,6 +32,7 @@ from litestar.types import Message, Scope
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.auth import api_key_guard
+from gateway.console.routes import console_router
 from gateway.health import healthz, readyz
 from gateway.inputs import check_request
 from gateway.keys_api import KeysController
@@ -49,6 +50,7 @@ from sender.mailbox_api import SandboxMailboxController
 from sender.reputation_api import ReputationController
 from suppression.api import ROUTES as SUPPRESSION_ROUTES
 from webhooks.api import ROUTES as WEBHOOK_ROUTES
+from webhooks.outbound.api import ROUTES as OUTBOUND_ROUTES
 
 log = logging.getLogger("gateway")
 
@@ -80,8 +82,11 @@ def route_handlers() -> list[Any]:
     handlers += [*SUPPRESSION_ROUTES, *SUBJECT_ROUTES]
     handlers += [MessagesController, SandboxMailboxController, EventsController]
     handlers += WEBHOOK_ROUTES
+    handlers += OUTBOUND_ROUTES
     handlers.append(DeadLetterController)
     handlers += [ReputationController, stale_report_route]
+    # The operator console (HTML, outside the OpenAPI document).
+    handlers.append(console_router())
     return handlers
 
 

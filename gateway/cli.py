@@ -1,5 +1,5 @@
 """The `gateway` command: serve, worker, migrate, openapi, keys, suppressions, dlq, events,
-report."""
+webhooks, report."""
 
 from __future__ import annotations
 
@@ -583,6 +583,83 @@ def _events_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     ev.set_defaults(func=cmd_events)
 
 
+def cmd_webhooks(args: argparse.Namespace) -> int:
+    """Manage outbound webhook endpoints: list, create, disable, enable, rotate, test, replay."""
+    from gateway.db import create_engine
+    from gateway.outbound import build_outbound
+    from gateway.runtime import prepare
+    from suppression.crypto import AddressProtector
+    from webhooks.outbound import commands
+
+    settings = _settings()
+    _logging(settings)
+    # Only what the endpoints need (engine, protector, push client): not the whole service
+    # graph with its providers and web framework.
+    prepared = prepare(settings)
+    engine = create_engine(prepared.database_url, pool_size=2)
+    protector = AddressProtector(prepared.settings.hash_key, prepared.settings.secret_keys)
+    outbound = build_outbound(prepared.settings, engine, protector)
+    endpoints = outbound.endpoints
+
+    async def run() -> int:
+        try:
+            if args.action == "list":
+                await commands.list_endpoints(endpoints, as_json=args.json, out=sys.stdout)
+            elif args.action == "create":
+                events = [e.strip() for e in args.events.split(",") if e.strip()]
+                await commands.create(
+                    endpoints,
+                    url=args.url,
+                    events=events,
+                    description=args.description,
+                    api_key_id=args.api_key_id,
+                    out=sys.stdout,
+                    err=sys.stderr,
+                )
+            elif args.action in ("disable", "enable"):
+                await commands.set_enabled(
+                    endpoints, args.id, enabled=args.action == "enable", err=sys.stderr
+                )
+            elif args.action == "rotate":
+                await commands.rotate(endpoints, args.id, out=sys.stdout, err=sys.stderr)
+            elif args.action == "test":
+                await commands.test(endpoints, args.id, out=sys.stdout)
+            else:
+                await commands.replay(endpoints, args.id, since=args.since, out=sys.stdout)
+            return 0
+        except commands.CommandError as exc:
+            print(f"gateway: {exc}", file=sys.stderr)
+            return exc.status
+        finally:
+            await outbound.client.close()
+            await engine.dispose()
+
+    return asyncio.run(run())
+
+
+def _webhooks_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    wh = sub.add_parser("webhooks", help="manage outbound webhook endpoints")
+    wsub = wh.add_subparsers(dest="action", required=True)
+    lst = wsub.add_parser("list", help="list endpoints (id, state, events, URL, description)")
+    lst.add_argument("--json", action="store_true", help="JSON Lines instead of columns")
+    cr = wsub.add_parser("create", help="create an endpoint; prints its secret once on stdout")
+    cr.add_argument("--url", required=True, help="https URL that receives the events")
+    cr.add_argument("--events", default="*", help="comma separated event types, or * (default)")
+    cr.add_argument("--description", default="")
+    cr.add_argument("--api-key-id", required=True, help="whose events it receives (a key id)")
+    for name, what in (
+        ("disable", "disable an endpoint"),
+        ("enable", "enable an endpoint (from the feed's end on)"),
+        ("rotate", "rotate the signing secret; prints the new one (the old signs for 24 h)"),
+        ("test", "push a ping event now and print the answer"),
+    ):
+        wsub.add_parser(name, help=what).add_argument("id")
+    rep = wsub.add_parser("replay", help="send again every event since a time")
+    rep.add_argument("id")
+    rep.add_argument("--since", type=_iso_time, required=True, help="ISO 8601 time with zone")
+    wh.set_defaults(func=cmd_webhooks)
+
+
 # Commands whose parsers need nothing of the suppression and retry packages: for them the
 # `suppressions` and `dlq` parsers are left bare, so that `gateway keys list` does not import
 # phone-number and email validation just to build its argument parser.
@@ -638,6 +715,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         _suppressions_parser(sub)
         _dlq_parser(sub)
     _events_parser(sub)
+    _webhooks_parser(sub)
     return parser
 
 

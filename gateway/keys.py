@@ -108,6 +108,21 @@ async def lookup_principal(pg: Pg, secret_hash: str) -> Principal | None:
     )
 
 
+_LOOKUP_BY_ID = "SELECT id, name, scopes FROM api_keys WHERE id = $1 AND revoked_at IS NULL"
+
+
+async def lookup_principal_by_id(pg: Pg, key_id: uuid.UUID) -> Principal | None:
+    """The principal of an active key by its id (one primary-key statement), or None when the
+    key is unknown or revoked. The console checks its session's key with it on every request,
+    so a revocation ends the key's console sessions at once."""
+    row = await pg.fetchrow(_LOOKUP_BY_ID, key_id)
+    if row is None:
+        return None
+    return Principal(
+        key_id=uuid.UUID(str(row["id"])), name=row["name"], scopes=frozenset(row["scopes"])
+    )
+
+
 async def authenticate(session: AsyncSession, secret: str) -> Principal | None:
     """The principal for a presented secret, or None when unknown or revoked (uncached; for
     callers inside an ORM transaction; requests go through `gateway.keycache.KeyCache`)."""
@@ -117,3 +132,12 @@ async def authenticate(session: AsyncSession, secret: str) -> Principal | None:
 async def has_any_key(session: AsyncSession) -> bool:
     """True once any key exists (used to print an admin key at first start only)."""
     return (await session.scalar(select(ApiKey.id).limit(1))) is not None
+
+
+async def active_scopes(pg: Pg, key_id: uuid.UUID) -> frozenset[str] | None:
+    """The scopes of an active key by id, or None when no active key has it (one statement,
+    on the caller's asyncpg connection: the webhook fan-out's visibility)."""
+    scopes = await pg.fetchval(
+        "SELECT scopes FROM api_keys WHERE id = $1 AND revoked_at IS NULL", key_id
+    )
+    return frozenset(scopes) if scopes is not None else None

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.db import create_engine, session_factory
 from gateway.keycache import KeyCache, database_lookup
+from gateway.outbound import Outbound, build_outbound
 from gateway.settings import Settings
 from retry.breaker import CircuitBreaker, breaker_readiness, build_breaker
 from retry.queue import DeliveryQueue
@@ -41,6 +42,7 @@ from webhooks.api import readiness as webhooks_readiness
 from webhooks.certs import CertificateStore
 from webhooks.history import events_for_deliveries
 from webhooks.ingest import FeedbackIngestor
+from webhooks.outbound.endpoints import Endpoints
 from webhooks.sns import SnsVerifier
 from webhooks.twilio_signature import TwilioVerifier
 
@@ -73,6 +75,8 @@ class Services:
     suppression: SuppressionContext
     # The delivery log's operations for the retry package (`sender.log` implements them).
     delivery_queue: DeliveryQueue
+    # Outbound webhooks: push client, pusher, endpoint operations, event feed adapter.
+    outbound: Outbound
     # The reputation guard: the send path's view of paused identities, the worker's
     # evaluation, `GET /v1/reputation` and the metrics (`reputation.current()`).
     reputation: ReputationGuard
@@ -91,6 +95,11 @@ class Services:
         self.api_keys = KeyCache(
             database_lookup(self.engine), ttl=self.settings.api_key_cache_seconds
         )
+
+    @property
+    def webhook_endpoints(self) -> Endpoints:
+        """The outbound endpoints' operations (what `/v1/webhook-endpoints` uses)."""
+        return self.outbound.endpoints
 
     @property
     def dispatch(self) -> Dispatch:
@@ -174,6 +183,8 @@ def build_services(settings: Settings, database_url: str) -> Services:
         reputation=reputation,
     )
     send_service = SendService(dispatcher, sessions, events_of=events_for_deliveries)
+    # webhooks.outbound: signed pushes of the event feed to upstream endpoints.
+    outbound = build_outbound(settings, engine, protector)
     services = Services(
         settings=settings,
         engine=engine,
@@ -203,6 +214,7 @@ def build_services(settings: Settings, database_url: str) -> Services:
             actor_of=_actor_of,
         ),
         delivery_queue=delivery_log,
+        outbound=outbound,
         reputation=reputation,
         sandbox_mailbox=(
             MailboxContext(mailbox, runner, sandbox_channels) if sandbox_channels else None
@@ -214,6 +226,7 @@ def build_services(settings: Settings, database_url: str) -> Services:
         {"sns_verifier": services.sns_verifier, "twilio_verifier": services.twilio_verifier}
     )
     services.closers.append(send_service.close)
+    services.closers.append(outbound.client.close)
     services.closers.append(reputation.close)
     return services
 

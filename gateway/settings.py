@@ -23,6 +23,8 @@ from retry.settings import UNKNOWN_OUTCOME_POLICIES, parse_policies, parse_rate_
 from retry.settings import RetrySettings as RetrySettings  # re-exported: gateway.settings API
 from sender.classify import parse_overrides
 from sender.reputation import ReputationSettings, Thresholds
+from webhooks.outbound.settings import OutboundSettings as OutboundSettings  # re-exported
+from webhooks.outbound.settings import parse_retry_schedule
 from webhooks.settings import WebhookSettings as WebhookSettings  # re-exported
 from webhooks.settings import parse_classification_overrides
 
@@ -85,6 +87,8 @@ class Settings:
     retry: RetrySettings = field(default_factory=RetrySettings)
     # Feedback path (webhooks package): soft bounces, feedback retry cap, classification.
     webhooks: WebhookSettings = field(default_factory=WebhookSettings)
+    # Outbound webhooks (webhooks.outbound): SSRF rule, retry schedule, timeouts, concurrency.
+    outbound: OutboundSettings = field(default_factory=OutboundSettings)
     # Send path (sender package).
     # `<provider>:<code>` -> class, overriding sender.classify's table.
     send_error_overrides: Mapping[str, str] = field(default_factory=dict)
@@ -340,6 +344,37 @@ def _reputation(env: Mapping[str, str]) -> ReputationSettings:
     )
 
 
+def _outbound(env: Mapping[str, str], *, embedded: bool) -> OutboundSettings:
+    d = OutboundSettings()
+    ca_bundle = _str(env, "GATEWAY_WEBHOOK_CA_BUNDLE")
+    if ca_bundle is not None and not Path(ca_bundle).is_file():
+        raise SettingsError("GATEWAY_WEBHOOK_CA_BUNDLE", f"no such file: {ca_bundle}")
+    return OutboundSettings(
+        # The embedded default (no DATABASE_URL: a development sandbox) may push to local
+        # receivers; a deployment must say so explicitly.
+        allow_private=_bool(env, "GATEWAY_WEBHOOK_ALLOW_PRIVATE", embedded),
+        retry_schedule=_parsed(
+            env, "GATEWAY_WEBHOOK_RETRY_SCHEDULE", parse_retry_schedule, d.retry_schedule
+        ),
+        disable_after_seconds=_number(
+            env, "GATEWAY_WEBHOOK_DISABLE_AFTER_SECONDS", d.disable_after_seconds, float, 1.0
+        ),
+        connect_timeout_seconds=_number(
+            env, "GATEWAY_WEBHOOK_CONNECT_TIMEOUT_SECONDS", d.connect_timeout_seconds, float, 0.1
+        ),
+        read_timeout_seconds=_number(
+            env, "GATEWAY_WEBHOOK_READ_TIMEOUT_SECONDS", d.read_timeout_seconds, float, 0.1
+        ),
+        concurrency=_number(env, "GATEWAY_WEBHOOK_CONCURRENCY", d.concurrency, int, 1),
+        endpoint_concurrency=_number(
+            env, "GATEWAY_WEBHOOK_ENDPOINT_CONCURRENCY", d.endpoint_concurrency, int, 1
+        ),
+        poll_seconds=_number(env, "GATEWAY_WEBHOOK_POLL_SECONDS", d.poll_seconds, float, 0.01),
+        fanout_batch=_number(env, "GATEWAY_WEBHOOK_FANOUT_BATCH", d.fanout_batch, int, 1),
+        ca_bundle=ca_bundle,
+    )
+
+
 def _parsed(env: Mapping[str, str], name: str, parse: Callable[[str], T], default: T) -> T:
     raw = _str(env, name)
     if raw is None:
@@ -407,6 +442,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         api_key_cache_seconds=_number(env, "GATEWAY_API_KEY_CACHE_SECONDS", 5.0, float, 0.0),
         retry=_retry(env),
         webhooks=_webhooks(env),
+        outbound=_outbound(env, embedded=_str(env, "DATABASE_URL") is None),
         send_error_overrides=_parsed(env, "GATEWAY_SEND_ERROR_OVERRIDES", parse_overrides, {}),
         send_concurrency=_number(env, "GATEWAY_SEND_CONCURRENCY", 16, int, 1),
         provider_connect_timeout_seconds=_number(

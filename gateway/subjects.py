@@ -68,6 +68,7 @@ from suppression.service import (
 )
 from suppression.views import EntryView, HistoryView, entry_view, history_view, jsonable
 from webhooks.models import ProviderEvent
+from webhooks.outbound.models import WebhookEndpoint
 
 # Every column that holds Fernet ciphertext, with the name its plaintext gets in access output.
 CIPHERTEXT_COLUMNS: tuple[tuple[type[Base], str, str], ...] = (
@@ -80,6 +81,12 @@ CIPHERTEXT_COLUMNS: tuple[tuple[type[Base], str, str], ...] = (
     (Event, "address_encrypted", "address"),
 )
 _CIPHERTEXT = {(model.__tablename__, column) for model, column, _ in CIPHERTEXT_COLUMNS}
+# Ciphertexts that are nobody's personal data (webhook signing secrets): re-encrypted by a key
+# rotation, never part of a subject's access or erasure.
+SECRET_COLUMNS: tuple[tuple[type[Base], str, str], ...] = (
+    (WebhookEndpoint, "secret_encrypted", "secret"),
+    (WebhookEndpoint, "previous_secret_encrypted", "previous_secret"),
+)
 REDACTED = "[erased]"
 
 
@@ -442,7 +449,7 @@ async def rotate_encryption(
     re-run: values already under the newest key are skipped.
     """
     report = RotationReport()
-    for model, column, _ in CIPHERTEXT_COLUMNS:
+    for model, column, _ in (*CIPHERTEXT_COLUMNS, *SECRET_COLUMNS):
         table = _table(model)
         label = f"{table.name}.{column}"
         col = table.c[column]

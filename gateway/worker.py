@@ -1,4 +1,5 @@
-"""Background work of a gateway process: the retry worker and the stale-attempt sweeper.
+"""Background work of a gateway process: the retry worker and the stale-attempt sweeper, and
+the outbound webhook push worker (a task of its own, so a slow endpoint never holds retries).
 
 The `retry` package owns the worker loop (`retry.worker.Worker`); this module only hands it
 its adapters: the engine, the delivery log's queue operations, the settings and the send
@@ -28,11 +29,13 @@ def background_tasks(
     settings: Settings, *, in_server: bool
 ) -> Iterator[Callable[[Services], Awaitable[None]]]:
     """Tasks a `serve` process runs beside the HTTP server: the sandbox's replay of pending
-    simulated callbacks, and the retry worker (GATEWAY_WORKER_ENABLED)."""
+    simulated callbacks, the retry worker and the webhook push worker (both with
+    GATEWAY_WORKER_ENABLED)."""
     if in_server:
         yield replay_sandbox_feedback
     if settings.retry.worker_enabled:
         yield run_worker
+        yield run_webhook_pusher
 
 
 def build_worker(services: Services) -> Worker:
@@ -83,10 +86,36 @@ async def run_worker(services: Services) -> None:
     await build_worker(services).run()
 
 
+async def run_webhook_pusher(services: Services) -> None:
+    """Run the outbound webhook worker (fan-out from the event feed, signed pushes) until
+    cancelled; a lease left by a push under way is taken over by any worker after it runs out."""
+    await services.outbound.worker().run()
+
+
+async def _run_all(services: Services) -> None:
+    tasks = [
+        asyncio.ensure_future(run_worker(services)),
+        asyncio.ensure_future(run_webhook_pusher(services)),
+    ]
+    try:
+        await asyncio.gather(*tasks)
+    except asyncio.CancelledError:
+        # gather has cancelled both: let them stop gracefully (a second cancel would cut
+        # their shutdown grace short).
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    except Exception:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 async def run_worker_until_signalled(services: Services) -> None:
-    """`gateway worker`: run until SIGTERM or SIGINT, then stop gracefully and close."""
+    """`gateway worker`: run the retry worker and the webhook push worker until SIGTERM or
+    SIGINT, then stop gracefully and close."""
     loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(run_worker(services))
+    task = asyncio.ensure_future(_run_all(services))
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, task.cancel)

@@ -13,7 +13,8 @@ import gateway.models  # noqa: F401  (registers the tables on the shared metadat
 import retry.models  # noqa: F401
 import sender.models  # noqa: F401
 import suppression.models  # noqa: F401
-import webhooks.models  # noqa: F401
+import webhooks.models
+import webhooks.outbound.models  # noqa: F401
 from gateway.db import async_url
 from suppression.db import Base
 

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, tuple_, update
+from sqlalchemy import func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from retry.models import DeadLetter
@@ -329,6 +329,54 @@ async def discard(
     return Entry(entry, found.get(entry.delivery_id))
 
 
+# -- operator console reads (gateway.console) -------------------------------------------------
+
+
+async def list_for_console(
+    session: AsyncSession,
+    queue: DeliveryQueue,
+    f: DeadLetterFilter,
+    *,
+    provider: str | None = None,
+    limit: int = 100,
+) -> list[Entry]:
+    """The newest `limit` entries matching `f` and, with `provider`, whose attempt history
+    names that provider (the entry keeps each attempt's provider; the table has no column)."""
+    query = select(DeadLetter).where(*_conditions(f))
+    if provider:
+        query = query.where(DeadLetter.attempt_history.contains([{"provider": provider}]))
+    query = query.order_by(DeadLetter.created_at.desc(), DeadLetter.id.desc()).limit(limit)
+    rows = list((await session.scalars(query)).all())
+    found = await queue.statuses(await pg_of(session), [r.delivery_id for r in rows])
+    return [Entry(r, found.get(r.delivery_id)) for r in rows]
+
+
+async def open_depth(session: AsyncSession) -> dict[str, tuple[int, dt.datetime | None]]:
+    """Per channel: how many entries are open, and when the oldest open one was filed."""
+    rows = (
+        await session.execute(
+            select(DeadLetter.channel, func.count(), func.min(DeadLetter.created_at))
+            .where(DeadLetter.resolved_at.is_(None))
+            .group_by(DeadLetter.channel)
+        )
+    ).all()
+    return {channel: (n, oldest) for channel, n, oldest in rows}
+
+
+async def entries_for_deliveries(
+    session: AsyncSession, delivery_ids: list[uuid.UUID]
+) -> list[DeadLetter]:
+    """Every entry (open or resolved) of these deliveries, oldest first."""
+    if not delivery_ids:
+        return []
+    query = (
+        select(DeadLetter)
+        .where(DeadLetter.delivery_id.in_(delivery_ids))
+        .order_by(DeadLetter.created_at, DeadLetter.id)
+    )
+    return list((await session.scalars(query)).all())
+
+
 __all__ = [
     "REASONS",
     "STATES",
@@ -342,9 +390,12 @@ __all__ = [
     "decode_cursor",
     "discard",
     "encode_cursor",
+    "entries_for_deliveries",
     "file_entry",
     "get_entry",
     "list_entries",
+    "list_for_console",
+    "open_depth",
     "redrive",
     "redrive_batch",
     "utc_time",

@@ -1173,6 +1173,96 @@ async def identity_counts(
     return rows
 
 
+# -- operator console reads (gateway.console) ---------------------------------------------------
+
+
+async def recent_for_recipient(
+    conn: Pg,
+    channel: str,
+    recipient_hash: str,
+    *,
+    limit: int = 50,
+    client_id: uuid.UUID | None = None,
+) -> list[DeliveryRow]:
+    """The newest deliveries to one recipient (by address hash), newest first; with
+    `client_id`, only those of that API key's messages (what a non-admin may see)."""
+    rows = await conn.fetch(
+        f"SELECT {_D} FROM deliveries d JOIN messages m ON m.id = d.message_id "
+        "WHERE d.channel = $1 AND d.recipient_hash = $2 "
+        "AND ($3::uuid IS NULL OR m.client_id = $3::uuid) "
+        "ORDER BY d.created_at DESC LIMIT $4",
+        channel,
+        recipient_hash,
+        client_id,
+        limit,
+    )
+    return [_delivery(r) for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class StatusCount:
+    """Deliveries of one channel in one status: created in the short window, in the long one."""
+
+    channel: str
+    status: str
+    short: int
+    long: int
+
+
+async def status_counts(
+    conn: Pg, *, short_since: dt.datetime, long_since: dt.datetime
+) -> list[StatusCount]:
+    """Deliveries created since `long_since` by channel and current status, with the count of
+    those created since `short_since` (one scan for both windows)."""
+    rows = await conn.fetch(
+        "SELECT channel, status, count(*) FILTER (WHERE created_at >= $1) AS short, "
+        "count(*) AS long FROM deliveries WHERE created_at >= $2 GROUP BY channel, status",
+        short_since,
+        long_since,
+    )
+    return [StatusCount(r["channel"], r["status"], r["short"], r["long"]) for r in rows]
+
+
+async def daily_status_counts(
+    conn: Pg, *, since: dt.datetime
+) -> list[tuple[dt.date, str, str, int]]:
+    """(UTC day, channel, status, deliveries created) since `since`, for the overview's charts."""
+    rows = await conn.fetch(
+        "SELECT (created_at AT TIME ZONE 'UTC')::date AS day, channel, status, count(*) AS n "
+        "FROM deliveries WHERE created_at >= $1 GROUP BY 1, 2, 3 ORDER BY 1",
+        since,
+    )
+    return [(r["day"], r["channel"], r["status"], r["n"]) for r in rows]
+
+
+async def deferral_counts(
+    conn: Pg, *, short_since: dt.datetime, long_since: dt.datetime
+) -> dict[str, tuple[int, int]]:
+    """Provider calls that ended deferred (transient, unknown outcome, deferred) per channel:
+    (since `short_since`, since `long_since`)."""
+    rows = await conn.fetch(
+        "SELECT d.channel, count(*) FILTER (WHERE a.started_at >= $1) AS short, "
+        "count(*) AS long FROM attempts a JOIN deliveries d ON d.id = a.delivery_id "
+        "WHERE a.started_at >= $2 AND a.status IN ('transient', 'unknown', 'deferred') "
+        "GROUP BY d.channel",
+        short_since,
+        long_since,
+    )
+    return {r["channel"]: (r["short"], r["long"]) for r in rows}
+
+
+async def oldest_due(conn: Pg, *, now: dt.datetime) -> dict[str, dt.datetime]:
+    """Per channel, the earliest `next_attempt_at` of a queued delivery that is due now (the
+    retry backlog's age)."""
+    rows = await conn.fetch(
+        "SELECT channel, min(next_attempt_at) AS due FROM deliveries "
+        "WHERE status = ANY($1::text[]) AND next_attempt_at <= $2 GROUP BY channel",
+        _CLAIMABLE,
+        now,
+    )
+    return {r["channel"]: r["due"] for r in rows}
+
+
 # -- message search (GET /v1/messages) ---------------------------------------------------------
 
 

@@ -31,7 +31,8 @@ import gateway.models  # noqa: F401  (register every table for truncation)
 import retry.models  # noqa: F401
 import sender.models  # noqa: F401
 import suppression.models  # noqa: F401
-import webhooks.models  # noqa: F401
+import webhooks.models
+import webhooks.outbound.models  # noqa: F401
 from gateway import migrate
 from gateway.app import create_app
 from gateway.keys import create_key

@@ -22,6 +22,8 @@ from sender import status as st
 from sender.reputation_api import ReputationStateName
 from suppression import service, views
 from suppression.normalize import CHANNELS
+from webhooks.outbound import api as outbound_api
+from webhooks.outbound import store as outbound_store
 from webhooks.state import DISPOSITIONS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +47,14 @@ ENUMS: dict[str, tuple[tuple[str, ...], Any]] = {
     "breaker state": (BREAKER_STATES, None),
     "readiness status": (("ready", "degraded", "unready"), None),
     "reputation state": (reputation.STATES, ReputationStateName),
+    "webhook delivery status": (
+        outbound_store.DELIVERY_STATUSES,
+        outbound_api.DeliveryStatusName,
+    ),
+    "webhook endpoint disabled reason": (
+        outbound_store.DISABLED_REASONS,
+        outbound_api.DisabledReasonName,
+    ),
     "event type": (events.EVENT_TYPES, events.EventType),
 }
 
@@ -66,6 +76,8 @@ OPENAPI_FIELDS: dict[tuple[str, str], str] = {
     ("HistoryView", "action"): "history action",
     ("HistoryView", "source_type"): "source type",
     ("ReputationView", "state"): "reputation state",
+    ("WebhookAttemptView", "delivery_status"): "webhook delivery status",
+    ("WebhookEndpointView", "disabled_reason"): "webhook endpoint disabled reason",
     ("EventItem", "type"): "event type",
     ("DeliveryStatusView", "status"): "delivery status",
     ("MessageSummary", "channel"): "channel",

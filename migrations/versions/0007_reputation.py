@@ -1,7 +1,9 @@
 """reputation guard: deliveries.sender_identity, reputation_states, reputation_history
 
+(The BRIN index on deliveries.created_at the guard's window uses comes from 0011.)
+
 Revision ID: 0007
-Revises: 0009
+Revises: 0010
 """
 
 from collections.abc import Sequence
@@ -11,20 +13,13 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0007"
-down_revision: str | None = "0009"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
     op.add_column("deliveries", sa.Column("sender_identity", sa.String(length=255), nullable=True))
-    op.create_index(
-        "ix_deliveries_created_brin",
-        "deliveries",
-        ["created_at"],
-        unique=False,
-        postgresql_using="brin",
-    )
     op.create_table(
         "reputation_states",
         sa.Column("identity", sa.String(length=255), nullable=False),
@@ -66,5 +61,4 @@ def downgrade() -> None:
     op.drop_index("ix_reputation_history_identity_at", table_name="reputation_history")
     op.drop_table("reputation_history")
     op.drop_table("reputation_states")
-    op.drop_index("ix_deliveries_created_brin", table_name="deliveries", postgresql_using="brin")
     op.drop_column("deliveries", "sender_identity")

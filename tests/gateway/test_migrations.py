@@ -13,7 +13,8 @@ import gateway.models  # noqa: F401  (register every table on the metadata)
 import retry.models  # noqa: F401
 import sender.models  # noqa: F401
 import suppression.models  # noqa: F401
-import webhooks.models  # noqa: F401
+import webhooks.models
+import webhooks.outbound.models  # noqa: F401
 from gateway import migrate
 from suppression.db import Base
 
@@ -27,6 +28,9 @@ EXPECTED_TABLES = {
     "dead_letters",
     "api_keys",
     "events",
+    "webhook_endpoints",
+    "webhook_deliveries",
+    "webhook_attempts",
 }
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gateway import cli
 from gateway.services import Services
 from gateway.settings import Settings
-from gateway.subjects import CIPHERTEXT_COLUMNS
+from gateway.subjects import CIPHERTEXT_COLUMNS, SECRET_COLUMNS
 from retry.models import DeadLetter
 from sender.models import Attempt, Delivery, Message
 from sender.providers.base import OutgoingMessage
@@ -478,4 +478,5 @@ def test_ciphertext_registry_covers_every_encrypted_column() -> None:
         for column in table.columns
         if column.name.endswith("_encrypted")
     }
-    assert encrypted == {f"{m.__tablename__}.{c}" for m, c, _ in CIPHERTEXT_COLUMNS}
+    registered = (*CIPHERTEXT_COLUMNS, *SECRET_COLUMNS)
+    assert encrypted == {f"{m.__tablename__}.{c}" for m, c, _ in registered}
