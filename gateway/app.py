@@ -36,7 +36,8 @@ from gateway.console.routes import console_router
 from gateway.health import healthz, readyz
 from gateway.inputs import check_request
 from gateway.keys_api import KeysController
-from gateway.metrics import metrics
+from gateway.logs import RequestContext, ensure_request_id
+from gateway.metrics import metrics, observe_request
 from gateway.problems import EXCEPTION_HANDLERS, PROBLEM_JSON
 from gateway.reports import stale_report_route
 from gateway.services import Services
@@ -133,7 +134,9 @@ def create_app(
             "delivery_queue": Provide(provide_delivery_queue, sync_to_thread=False),
         },
         exception_handlers=EXCEPTION_HANDLERS,
-        before_send=[complete_allow_header],
+        before_send=[complete_allow_header, ensure_request_id],
+        # Request id (X-Request-Id, log context), access line and request-duration metric.
+        middleware=[lambda app: RequestContext(app, observe_request)],
         request_max_body_size=settings.max_body_bytes,
         state=State({"services": services}),
         lifespan=[lifespan],

@@ -31,12 +31,21 @@ def _logging(settings: Settings) -> None:
     configure_logging(settings)
 
 
+def _metrics(settings: Settings, *, clean: bool) -> None:
+    # Counters shared by every process of this host (serve's workers, gateway worker): see
+    # gateway.metrics. The `serve` parent clears the files of processes no longer running.
+    from gateway.metrics import enable_multiprocess
+
+    enable_multiprocess(settings, clean=clean)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Start the HTTP server (and the retry worker unless disabled), in `--workers` processes."""
     from gateway.serve import serve
 
     settings = _settings()
     _logging(settings)
+    _metrics(settings, clean=True)
     return serve(settings, host=args.host, port=args.port, workers=args.workers)
 
 
@@ -47,6 +56,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = _settings()
     _logging(settings)
+    _metrics(settings, clean=False)
     services = services_for(prepare(settings))
     try:
         asyncio.run(run_worker_until_signalled(services))
@@ -283,6 +293,7 @@ def cmd_rotate_encryption(args: argparse.Namespace) -> int:
 
     settings = _settings()
     _logging(settings)
+    _metrics(settings, clean=False)
     services = services_for(prepare(settings))
     bars: dict[str, ProgressBar] = {}
 
@@ -390,6 +401,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         return 2
     settings = _settings()
     _logging(settings)
+    _metrics(settings, clean=False)
     services = services_for(prepare(settings))
     actor = _cli_actor()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -61,14 +60,13 @@ OWN_LOGGERS = ("gateway", "retry", "uvicorn")
 
 
 def configure_logging(settings: Settings) -> None:
-    """Log records to stderr (every gateway process): the gateway's own at GATEWAY_LOG_LEVEL,
-    every library's (embedded PostgreSQL, twilio, botocore, httpx, alembic, ...) at
-    GATEWAY_THIRD_PARTY_LOG_LEVEL."""
-    logging.basicConfig(
-        level=settings.third_party_log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    """Log records to stderr (every gateway process), one JSON object per line or a console
+    rendering (GATEWAY_LOG_FORMAT, see `gateway.logs`): the gateway's own at
+    GATEWAY_LOG_LEVEL, every library's (embedded PostgreSQL, twilio, botocore, httpx,
+    alembic, ...) at GATEWAY_THIRD_PARTY_LOG_LEVEL."""
+    from gateway.logs import configure
+
+    configure(settings)
     logging.getLogger().setLevel(settings.third_party_log_level)
     for name in OWN_LOGGERS:
         logging.getLogger(name).setLevel(settings.log_level)

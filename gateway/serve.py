@@ -100,7 +100,16 @@ def _run_uvicorn(
     if workers <= 1:
         # uvicorn handles SIGTERM/SIGINT while it runs, then raises the signal again: the
         # handlers of `stop_on_signals` turn that into SystemExit, so `serve` can clean up.
-        uvicorn.run(app_for(prepared), host=host, port=port, log_level=log_level)
+        uvicorn.run(
+            app_for(prepared),
+            host=host,
+            port=port,
+            log_level=log_level,
+            # uvicorn's lines go through the gateway's handler (gateway.logs); its access log
+            # is replaced by the gateway's own (route templates: a path may hold an address).
+            log_config=None,
+            access_log=False,
+        )
         return
     if settings.redis_url is None:
         log.warning(
@@ -117,6 +126,8 @@ def _run_uvicorn(
         host=host,
         port=port,
         log_level=log_level,
+        log_config=None,
+        access_log=False,
         timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS,
     )
 

@@ -31,6 +31,7 @@ from webhooks.settings import parse_classification_overrides
 T = TypeVar("T")
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("json", "console")
 
 
 class SettingsError(ValueError):
@@ -81,6 +82,12 @@ class Settings:
     # Level of every other library's loggers (embedded PostgreSQL, twilio, botocore, httpx,
     # alembic, ...): their INFO lines drown the gateway's own at start and per provider call.
     third_party_log_level: str = "WARNING"
+    # GATEWAY_LOG_FORMAT: "json" (one object per line) or "console"; None = console when
+    # stderr is a terminal, json otherwise.
+    log_format: str | None = None
+    # GATEWAY_METRICS_DIR: prometheus-client's multiprocess directory, shared by every
+    # process of one host (`serve --workers N`, `gateway worker`); None = data_dir/metrics.
+    metrics_dir: Path | None = None
     # How long an API-key look-up is reused in a process (0: look every request up); a key
     # revoked by another process stops working here within this time.
     api_key_cache_seconds: float = 5.0
@@ -439,6 +446,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         unsubscribe_mailto=_mailto(env, "GATEWAY_UNSUBSCRIBE_MAILTO"),
         log_level=_choice(env, "GATEWAY_LOG_LEVEL", "INFO", LOG_LEVELS),
         third_party_log_level=_choice(env, "GATEWAY_THIRD_PARTY_LOG_LEVEL", "WARNING", LOG_LEVELS),
+        log_format=(
+            _choice(env, "GATEWAY_LOG_FORMAT", "json", LOG_FORMATS)
+            if _str(env, "GATEWAY_LOG_FORMAT")
+            else None
+        ),
+        metrics_dir=Path(d) if (d := _str(env, "GATEWAY_METRICS_DIR")) else None,
         api_key_cache_seconds=_number(env, "GATEWAY_API_KEY_CACHE_SECONDS", 5.0, float, 0.0),
         retry=_retry(env),
         webhooks=_webhooks(env),

@@ -30,15 +30,17 @@ delivery id / derived key.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import datetime as dt
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import structlog
+from prometheus_client import Counter, Histogram
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from retry.policy import Action, Failure, backoff_from_settings, decide, settle_reason
@@ -69,9 +71,40 @@ from suppression.tokens import issue_token, unsubscribe_url
 
 log = logging.getLogger("gateway.sender")
 
-# (provider, rule) -> account-configuration problems that provider answers at send time
-# revealed (e.g. Twilio 21408: SMS to a region not enabled); exposed by `/metrics`.
-SEND_FLAGS: collections.Counter[tuple[str, str]] = collections.Counter()
+# The send path's metrics (exposed by the composition root's `/metrics`). Labels are channel,
+# provider, classification kinds, suppression reasons/scopes and rate-limit keys (a provider
+# or a sender identity such as a From number): never a recipient, key or message id.
+SEND_FLAGS = Counter(
+    "gateway_provider_send_flags_total",
+    "Account-configuration problems revealed by provider answers at send time.",
+    ["provider", "rule"],
+)
+SENDS = Counter(
+    "gateway_sends_total",
+    "Provider calls made for deliveries, by the classification of the provider's answer.",
+    ["channel", "provider", "outcome"],
+)
+PROVIDER_CALL_SECONDS = Histogram(
+    "gateway_provider_call_seconds",
+    "Duration of one provider call (send request to answer or transport error).",
+    ["channel", "provider"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+SUPPRESSION_HITS = Counter(
+    "gateway_suppression_hits_total",
+    "Deliveries not sent because the recipient is suppressed, by entry reason and scope.",
+    ["channel", "reason", "scope"],
+)
+RATE_LIMIT_GRANTS = Counter(
+    "gateway_rate_limit_grants_total",
+    "Rate-limiter tokens granted to sends, by bucket key and priority.",
+    ["key", "priority"],
+)
+RATE_LIMIT_DEFERRALS = Counter(
+    "gateway_rate_limit_deferrals_total",
+    "Sends deferred because the rate limiter had no token, by bucket key and priority.",
+    ["key", "priority"],
+)
 
 Dispatch = Callable[[uuid.UUID], Awaitable[str]]
 # Called after the commit that recorded an outcome, with the delivery id: apply feedback
@@ -178,7 +211,11 @@ class Dispatcher:
             found = await dlog.for_dispatch(conn, delivery_id)
             if found is None:
                 raise DeliveryNotFound(f"no delivery {delivery_id}")
-            delivery, content_encrypted = found
+            delivery, content_encrypted, request_id = found
+            if request_id:
+                # This task's log lines (the worker's too, after this returns) carry the id of
+                # the request that created the delivery.
+                structlog.contextvars.bind_contextvars(request_id=request_id)
             final = await self._check(conn, delivery)
             if final is not None:
                 return final
@@ -206,7 +243,12 @@ class Dispatcher:
                 return status or st.QUEUED
             attempt_id = uuid.uuid4()
             number = await dlog.begin_attempt(
-                conn, delivery, attempt_id=attempt_id, provider=provider.name, now=now
+                conn,
+                delivery,
+                attempt_id=attempt_id,
+                provider=provider.name,
+                now=now,
+                request_id=request_id,
             )
             if number is None:
                 # Another dispatcher has an attempt in flight, or the delivery moved on.
@@ -221,7 +263,7 @@ class Dispatcher:
             attempts=delivery.attempts + 1,
             expires_at=delivery.expires_at,
         )
-        call = dataclasses.replace(call, outcome=await provider.send(message))
+        call = dataclasses.replace(call, outcome=await timed_send(provider, message))
         recorded = await self.finish([call])
         statuses = {d: s for d, s, _ in recorded.answers}
         if delivery.id in statuses:
@@ -253,6 +295,7 @@ class Dispatcher:
             now=now,
         )
         if hit is not None:
+            SUPPRESSION_HITS.labels(delivery.channel, hit.reason, hit.scope).inc()
             done = await dlog.finish_unsent(
                 conn,
                 delivery.id,
@@ -404,6 +447,10 @@ class Dispatcher:
                     by_key.setdefault(provider.limiter_key(message), []).append(i)
             for key, indexes in by_key.items():
                 granted = await self.limiter.acquire_many(key, priority, len(indexes))
+                if granted:
+                    RATE_LIMIT_GRANTS.labels(key, priority).inc(granted)
+                if granted < len(indexes):
+                    RATE_LIMIT_DEFERRALS.labels(key, priority).inc(len(indexes) - granted)
                 pending.difference_update(indexes)
                 for i in indexes[granted:]:
                     verdicts[i] = f"deferred: rate limit {key}"
@@ -433,6 +480,7 @@ class Dispatcher:
         for call in calls:
             assert call.outcome is not None
             verdict = classify(call.outcome, self.config.error_overrides)
+            SENDS.labels(call.message.channel, call.provider.name, verdict.kind).inc()
             verdicts.append(verdict)
             outcomes.append(self._decided(call, verdict, now))
         effects = [
@@ -455,6 +503,7 @@ class Dispatcher:
                             conn,
                             [(c.delivery_id, c.attempt_id, c.provider.name) for c in begin],
                             now=now,
+                            request_id=current_request_id(),
                         )
                         recorded = dataclasses.replace(recorded, begun=frozenset(begun))
         for call, verdict in zip(calls, verdicts, strict=True):
@@ -567,7 +616,7 @@ class Dispatcher:
             # Not the recipient's fault and not the provider's health: our account is not
             # set up for this destination. The delivery failed with a reason saying so; the
             # operator is told (log line, metric) and other sends go on.
-            SEND_FLAGS[(name, verdict.key)] += 1
+            SEND_FLAGS.labels(name, verdict.key).inc()
             log.warning(
                 "%s refused delivery %s for the account's configuration (%s): delivery "
                 "failed; fix the provider account to send to this destination",
@@ -595,6 +644,25 @@ class Dispatcher:
         """Close every provider adapter."""
         for provider in self.providers.values():
             await provider.close()
+
+
+def current_request_id() -> str | None:
+    """The id of the request this task works for, as the composition root bound it in the
+    log context (`structlog.contextvars`): the HTTP request's, or for the worker the id of
+    the request that created the delivery. None outside any request."""
+    value = structlog.contextvars.get_contextvars().get("request_id")
+    return value if isinstance(value, str) else None
+
+
+async def timed_send(provider: Provider, message: OutgoingMessage) -> SendOutcome:
+    """`provider.send(message)`, its duration observed in `gateway_provider_call_seconds`."""
+    started = time.perf_counter()
+    try:
+        return await provider.send(message)
+    finally:
+        PROVIDER_CALL_SECONDS.labels(message.channel, provider.name).observe(
+            time.perf_counter() - started
+        )
 
 
 def _attempt_status(verdict: Classification) -> str:

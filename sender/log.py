@@ -183,8 +183,9 @@ _HITS = suppression.verdicts_sql(
 _CLAIM = f"""
 WITH hits AS ({_HITS}), m AS (
     INSERT INTO messages (id, client_id, idempotency_key, fingerprint, state, channel,
-        category, topic, priority, expires_at, content_encrypted, metadata, created_at)
-    VALUES ($1, $2, $3, $4, 'in_progress', $5, $6, $7, $8, $9, $10, $11, $12)
+        category, topic, priority, expires_at, content_encrypted, metadata, created_at,
+        request_id)
+    VALUES ($1, $2, $3, $4, 'in_progress', $5, $6, $7, $8, $9, $10, $11, $12, $25)
     ON CONFLICT ON CONSTRAINT uq_messages_client_idempotency_key DO NOTHING
     RETURNING id
 ), d AS (
@@ -202,22 +203,23 @@ WITH hits AS ({_HITS}), m AS (
         CASE WHEN h.id IS NULL THEN u.next_at END,
         $12, $12,
         CASE WHEN h.id IS NULL AND u.status = 'queued' THEN $12::timestamptz END,
-        $25::text
+        $26::text
     FROM m CROSS JOIN unnest($14::uuid[], $15::int2[], $16::text[], $17::text[],
         $18::text[], $19::text[], $20::text[], $21::text[], $22::uuid[], $23::timestamptz[])
         AS u(id, position, hash, enc, key, status, reason, provider, aid, next_at)
     LEFT JOIN hits h ON h.address_hash = u.hash
-    RETURNING id, status, reason
+    RETURNING id, status, reason, suppression_id
 ), a AS (
-    INSERT INTO attempts (id, delivery_id, number, status, provider, started_at)
-    SELECT u.aid, u.id, 1, 'in_progress', u.provider, $12
+    INSERT INTO attempts (id, delivery_id, number, status, provider, started_at, request_id)
+    SELECT u.aid, u.id, 1, 'in_progress', u.provider, $12, $25
     FROM m CROSS JOIN unnest($14::uuid[], $22::uuid[], $21::text[], $16::text[])
         AS u(id, aid, provider, hash)
     WHERE u.aid IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM hits h WHERE h.address_hash = u.hash)
     RETURNING 1
 )
-SELECT d.id, d.status, d.reason, (SELECT count(*) FROM a) AS attempts FROM d
+SELECT d.id, d.status, d.reason, h.scope, (SELECT count(*) FROM a) AS attempts
+FROM d LEFT JOIN hits h ON h.id = d.suppression_id
 """
 
 
@@ -228,12 +230,15 @@ async def claim(
     *,
     priority_rank: int,
     now: dt.datetime,
-) -> dict[uuid.UUID, tuple[str, str | None]] | None:
+    request_id: str | None = None,
+) -> dict[uuid.UUID, tuple[str, str | None, str | None]] | None:
     """Check the suppression list and insert the message, its deliveries and their first
     attempts, in one statement (one snapshot: an entry committed before it counts).
 
-    Returns each delivery's (status, reason), `suppressed` ones with the entry's reason and
-    no attempt; None when (client, Idempotency-Key) exists already: nothing was written.
+    Returns each delivery's (status, reason, suppression scope), `suppressed` ones with the
+    entry's reason and scope and no attempt; None when (client, Idempotency-Key) exists
+    already: nothing was written. `request_id` (the HTTP request's id) is stored on the
+    message and its first attempts.
     """
     rows = await conn.fetch(
         _CLAIM,
@@ -261,11 +266,12 @@ async def claim(
         [d.attempt_id for d in deliveries],
         [d.next_attempt_at for d in deliveries],
         suppression.scopes_for(message.category, message.topic),
+        request_id,
         message.sender_identity,
     )
     if not rows:
         return None
-    return {r["id"]: (r["status"], r["reason"]) for r in rows}
+    return {r["id"]: (r["status"], r["reason"], r["scope"]) for r in rows}
 
 
 async def message_by_key(conn: Pg, client_id: uuid.UUID, key: str) -> MessageRow | None:
@@ -464,16 +470,19 @@ async def record(
 # -- the worker's dispatch --------------------------------------------------------------------
 
 
-async def for_dispatch(conn: Pg, delivery_id: uuid.UUID) -> tuple[DeliveryRow, str | None] | None:
-    """A delivery and its message's encrypted content (no lock)."""
+async def for_dispatch(
+    conn: Pg, delivery_id: uuid.UUID
+) -> tuple[DeliveryRow, str | None, str | None] | None:
+    """A delivery, its message's encrypted content and the id of the request that created
+    it (no lock)."""
     row = await conn.fetchrow(
-        f"SELECT {_D}, m.content_encrypted FROM deliveries d "
+        f"SELECT {_D}, m.content_encrypted, m.request_id FROM deliveries d "
         "JOIN messages m ON m.id = d.message_id WHERE d.id = $1",
         delivery_id,
     )
     if row is None:
         return None
-    return _delivery(row), row["content_encrypted"]
+    return _delivery(row), row["content_encrypted"], row["request_id"]
 
 
 _BEGIN_ATTEMPT = """
@@ -484,10 +493,10 @@ WITH d AS (
       AND NOT EXISTS (SELECT 1 FROM attempts WHERE delivery_id = $1 AND status = 'in_progress')
     RETURNING id
 )
-INSERT INTO attempts (id, delivery_id, number, status, provider, started_at)
+INSERT INTO attempts (id, delivery_id, number, status, provider, started_at, request_id)
 SELECT $2, d.id,
     (SELECT coalesce(max(number), 0) + 1 FROM attempts WHERE delivery_id = $1),
-    'in_progress', $3, $4
+    'in_progress', $3, $4, $7
 FROM d
 RETURNING number
 """
@@ -500,15 +509,24 @@ async def begin_attempt(
     attempt_id: uuid.UUID,
     provider: str,
     now: dt.datetime,
+    request_id: str | None = None,
 ) -> int | None:
     """Write the attempt `in_progress` and the delivery `sending`, if nobody changed it.
 
     The delivery must still have the status and attempt count it was read with, and no call
     in flight (the partial unique index backs this up). Returns the attempt number, or None
-    when another dispatcher or a callback got there first.
+    when another dispatcher or a callback got there first. `request_id`: the id of the
+    request that created the delivery, kept on the attempt.
     """
     number: int | None = await conn.fetchval(
-        _BEGIN_ATTEMPT, delivery.id, attempt_id, provider, now, delivery.status, delivery.attempts
+        _BEGIN_ATTEMPT,
+        delivery.id,
+        attempt_id,
+        provider,
+        now,
+        delivery.status,
+        delivery.attempts,
+        request_id,
     )
     return number
 
@@ -522,17 +540,21 @@ WITH d AS (
       AND x.next_attempt_at IS NOT NULL
     RETURNING x.id, u.aid, u.provider
 )
-INSERT INTO attempts (id, delivery_id, number, status, provider, started_at)
+INSERT INTO attempts (id, delivery_id, number, status, provider, started_at, request_id)
 SELECT d.aid, d.id,
     (SELECT coalesce(max(number), 0) + 1 FROM attempts WHERE delivery_id = d.id),
-    'in_progress', d.provider, $4
+    'in_progress', d.provider, $4, $5
 FROM d
 RETURNING delivery_id
 """
 
 
 async def begin_first_attempts(
-    conn: Pg, items: Sequence[tuple[uuid.UUID, uuid.UUID, str]], *, now: dt.datetime
+    conn: Pg,
+    items: Sequence[tuple[uuid.UUID, uuid.UUID, str]],
+    *,
+    now: dt.datetime,
+    request_id: str | None = None,
 ) -> list[uuid.UUID]:
     """Write the first attempts `in_progress` of deliveries a send request claimed `queued`
     (later waves of one request): (delivery id, attempt id, provider) each. Only those still
@@ -544,6 +566,7 @@ async def begin_first_attempts(
         [i[1] for i in items],
         [i[2] for i in items],
         now,
+        request_id,
     )
     return [r[0] for r in rows]
 
@@ -680,6 +703,25 @@ async def claim_due(conn: Pg, *, limit: int, now: dt.datetime) -> list[DueDelive
     """
     rows = await conn.fetch(_CLAIM_DUE, now, limit, _CLAIMABLE)
     return sorted((_due(r) for r in rows), key=lambda d: (-d.priority_rank, d.due_at))
+
+
+_QUEUE_STATS = """
+SELECT channel, status, count(*) AS depth,
+    min(next_attempt_at) FILTER (WHERE next_attempt_at <= $1) AS oldest_due
+FROM deliveries
+WHERE next_attempt_at IS NOT NULL AND status = ANY($2::text[])
+GROUP BY channel, status
+"""
+
+
+async def queue_stats(
+    conn: Pg, *, now: dt.datetime
+) -> list[tuple[str, str, int, dt.datetime | None]]:
+    """The retry queue as `/metrics` reports it: (channel, status, deliveries waiting, the
+    oldest due time among them or None) per channel and status. One statement over the
+    partial index of scheduled deliveries."""
+    rows = await conn.fetch(_QUEUE_STATS, now, _CLAIMABLE)
+    return [(r["channel"], r["status"], r["depth"], r["oldest_due"]) for r in rows]
 
 
 async def release(conn: Pg, items: Sequence[Due]) -> None:

@@ -56,6 +56,9 @@ class Message(Base):
     first_answers: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     completed_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    # The id of the HTTP request that created it (X-Request-Id or generated): the worker's
+    # attempts and log lines for its deliveries carry it too.
+    request_id: Mapped[str | None] = mapped_column(String(128))
 
 
 class Delivery(Base):
@@ -155,6 +158,9 @@ class Attempt(Base):
     error_message: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    # The id of the request the attempt was made for (the send request's, also for the
+    # worker's later attempts of the same delivery).
+    request_id: Mapped[str | None] = mapped_column(String(128))
 
 
 class SandboxMessage(Base):

@@ -68,6 +68,11 @@ ReputationStateName = Literal["ok", "marketing_paused", "all_paused"]
 LEVEL: dict[str, int] = {OK: 0, MARKETING_PAUSED: 1, ALL_PAUSED: 2}
 STATE_OF_LEVEL: dict[int, str] = {v: k for k, v in LEVEL.items()}
 
+# The names of the two rates of each channel (API, metrics).
+RATE_KINDS: dict[str, tuple[str, str]] = {
+    "email": ("bounce", "complaint"),
+    "sms": ("failure", "opt_out"),
+}
 # The bounce/complaint subtype of SES's own suppression list (not counted by SES).
 SES_ACCOUNT_SUPPRESSED = "OnAccountSuppressionList"
 # Twilio: the recipient has opted out (texted STOP) of this sender.
@@ -540,6 +545,22 @@ async def resume(
 
 
 # -- the view the rest of the gateway uses ---------------------------------------------------
+
+
+async def metric_ratios(conn: Pg) -> list[tuple[str, str, float]]:
+    """(identity, kind, ratio 0..1) per identity and rate as last evaluated, for
+    `gateway_reputation_ratio` (kinds: `RATE_KINDS`)."""
+    out: list[tuple[str, str, float]] = []
+    for row in await states(conn):
+        first, second = RATE_KINDS.get(row.channel, RATE_KINDS["email"])
+        a, b = rates(row.counts)
+        out += [(row.identity, first, a / 100.0), (row.identity, second, b / 100.0)]
+    return out
+
+
+async def metric_states(conn: Pg) -> list[tuple[str, str]]:
+    """(identity, state) per identity, for `gateway_reputation_state`."""
+    return [(row.identity, row.state) for row in await states(conn)]
 
 
 @dataclass(frozen=True)

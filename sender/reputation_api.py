@@ -16,6 +16,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Parameter
 
 from sender.reputation import (
+    RATE_KINDS,
     IdentityReputation,
     NotPaused,
     ReputationGuard,
@@ -25,9 +26,6 @@ from sender.reputation import (
 
 MAX_IDENTITY = 255
 MAX_REASON = 1000
-
-# The names of the two rates of each channel.
-RATE_NAMES = {"email": ("bounce", "complaint"), "sms": ("failure", "opt_out")}
 
 
 def provide_reputation(state: State) -> ReputationGuard:
@@ -86,7 +84,7 @@ class ResumeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 def view(item: IdentityReputation, window_hours: float) -> ReputationView:
     """The API view of one identity."""
-    first, second = RATE_NAMES.get(item.channel, RATE_NAMES["email"])
+    first, second = RATE_KINDS.get(item.channel, RATE_KINDS["email"])
     t = item.thresholds
     return ReputationView(
         identity=item.identity,

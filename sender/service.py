@@ -42,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from sender import log as dlog
 from sender import status as st
-from sender.dispatch import Call, Dispatcher
+from sender.dispatch import SUPPRESSION_HITS, Call, Dispatcher, current_request_id, timed_send
 from sender.keys import derived_key, fingerprint
 from sender.providers.base import OutgoingMessage
 from sender.schemas import (
@@ -231,9 +231,13 @@ class SendService:
                 news,
                 priority_rank=st.PRIORITY_RANK[request.priority],
                 now=now,
+                request_id=current_request_id(),
             )
             if verdicts is None:
                 return await self._duplicate(conn, client_id, idempotency_key, message.fingerprint)
+        for status, reason, scope in verdicts.values():
+            if status == st.SUPPRESSED:
+                SUPPRESSION_HITS.labels(channel, reason or "", scope or "").inc()
         calls = [c for c in calls if verdicts[c.delivery_id][0] != st.SUPPRESSED]
         recorded = await self._send_waves(calls, first_wave, message.id)
         if recorded.response_code is None:
@@ -277,10 +281,11 @@ class SendService:
         """Make one wave of provider calls at the same time."""
         if len(calls) == 1:
             call = calls[0]
-            return [dataclasses.replace(call, outcome=await call.provider.send(call.message))]
+            outcome = await timed_send(call.provider, call.message)
+            return [dataclasses.replace(call, outcome=outcome)]
 
         async def one(call: Call) -> Call:
-            return dataclasses.replace(call, outcome=await call.provider.send(call.message))
+            return dataclasses.replace(call, outcome=await timed_send(call.provider, call.message))
 
         return list(await asyncio.gather(*(one(c) for c in calls)))
 

@@ -173,14 +173,14 @@ def verdicts_sql(*, channel: str, hashes: str, scopes: str, now: str) -> str:
     verdicts are taken in the same statement (and snapshot) as what it writes.
 
     The arguments are the embedding statement's placeholders (e.g. `$5::text`); it yields
-    (address_hash, id, reason): for each suppressed hash the entry that stops it, the
+    (address_hash, id, reason, scope): for each suppressed hash the entry that stops it, the
     channel-wide one first (`scopes` from `scopes_for`). One index probe per hash, whatever
     the table's statistics say (see `_CHECK_MANY`).
     """
     return (
-        "SELECT h.address_hash, s.id, s.reason "  # noqa: S608
+        "SELECT h.address_hash, s.id, s.reason, s.scope "  # noqa: S608
         f"FROM unnest({hashes}) AS h(address_hash) CROSS JOIN LATERAL ("
-        "SELECT id, reason FROM suppressions "
+        "SELECT id, reason, scope FROM suppressions "
         f"WHERE channel = {channel} AND address_hash = h.address_hash "
         f"AND scope = ANY({scopes}) AND (expires_at IS NULL OR expires_at > {now}) "
         "ORDER BY scope = 'all' DESC, created_at LIMIT 1) AS s"

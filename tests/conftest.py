@@ -39,6 +39,11 @@ from gateway.keys import create_key
 from gateway.services import Services, build_services
 from gateway.settings import RetrySettings, Settings
 from suppression.db import Base
+from tests.support.leaks import (  # noqa: F401 (the log-leak plugin's hooks)
+    pytest_configure,
+    pytest_runtest_makereport,
+    pytest_sessionfinish,
+)
 
 # No per-example time limit and no "too slow" health check: CI machines are small and shared,
 # and a slow example is not a wrong one (performance is measured by benchmarks/, not tests).

@@ -132,7 +132,9 @@ def _webhook_problem(error: WebhookError) -> HTTPException:
 def _temporary(provider: str, exc: Exception) -> HTTPException:
     # The event was verified but could not be stored or applied (database down, deadlock,
     # a bug): nothing was committed, so the provider's retry will find it again.
-    log.exception("could not process a verified %s webhook: %s", provider, type(exc).__name__)
+    log.exception(
+        "webhook refused provider=%s reason=processing_failed: %s", provider, type(exc).__name__
+    )
     return _problem(
         503, "The event could not be processed right now; retry later.", "processing_failed"
     )
@@ -180,7 +182,11 @@ async def ses_webhook(request: Request[Any, Any, Any], webhooks: WebhookContext)
         # Someone unsubscribed this endpoint; recorded for the operator, never re-subscribed.
         log.warning("SNS unsubscribed this endpoint from topic %s", envelope.topic_arn)
         return Handled([await _record(webhooks, envelope, UNSUBSCRIBE_CONFIRMATION, IGNORED)])
-    raise _webhook_problem(MalformedPayload("unsupported SNS message type"))
+    unsupported = MalformedPayload(
+        "unsupported SNS message type", reason="unsupported_message_type"
+    )
+    record_failure("sns", unsupported)
+    raise _webhook_problem(unsupported)
 
 
 def _ses_message(text: str) -> dict[str, Any]:
@@ -211,12 +217,17 @@ async def _confirm_subscription(envelope: SnsEnvelope, webhooks: WebhookContext)
         ) as client:
             response = await client.get(url)
     except httpx.HTTPError as exc:
-        log.warning("SNS subscription confirmation failed: %s", type(exc).__name__)
+        log.warning(
+            "webhook refused provider=sns reason=confirmation_failed: %s", type(exc).__name__
+        )
         raise _problem(
             502, "The subscription could not be confirmed; retry later.", "confirmation_failed"
         ) from None
     if not 200 <= response.status_code < 300:
-        log.warning("SNS subscription confirmation answered %s", response.status_code)
+        log.warning(
+            "webhook refused provider=sns reason=confirmation_failed: SNS answered %s",
+            response.status_code,
+        )
         raise _problem(
             502,
             f"The subscription could not be confirmed (SNS answered {response.status_code}).",

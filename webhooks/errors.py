@@ -46,20 +46,25 @@ reason                             meaning
 ``cert_fetch_failed`` (connection/TLS error, 5xx or 429 from the certificate host),
 ``cert_fetch_timeout`` and ``cert_fetch_busy`` (too many certificate fetches under way).
 
-`VERIFICATION_FAILURES` counts `VerificationFailed` only (the 403s), keyed by
-``(provider, reason)``; `record_failure` logs one line and increments it. Malformed payloads
-and temporary failures are logged by the verifiers but not counted here.
+`VERIFICATION_FAILURES` (``gateway_webhook_verification_failures_total``) counts
+`VerificationFailed` only (the 403s), labelled ``provider`` and ``reason``; `record_failure`
+logs one line with the reason and increments it. Malformed payloads and temporary failures
+are logged (one line each, with their reason) but not counted here.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
+
+from prometheus_client import Counter
 
 log = logging.getLogger("gateway.webhooks")
 
-# (provider, reason) -> number of refused requests since the process started.
-VERIFICATION_FAILURES: collections.Counter[tuple[str, str]] = collections.Counter()
+VERIFICATION_FAILURES = Counter(
+    "gateway_webhook_verification_failures_total",
+    "Webhook requests refused by signature verification (403), by provider and reason.",
+    ["provider", "reason"],
+)
 
 
 class WebhookError(Exception):
@@ -100,14 +105,17 @@ class TemporaryFailure(WebhookError):
 
 
 def record_failure(provider: str, error: WebhookError) -> None:
-    """Log one line for a refused request; count it when it is a `VerificationFailed`."""
+    """Log one line for a refused request (with `provider` and `reason` as fields of the
+    structured log line); count it when it is a `VerificationFailed`."""
+    fields = {"provider": provider, "reason": error.reason}
     if isinstance(error, VerificationFailed):
-        VERIFICATION_FAILURES[(provider, error.reason)] += 1
+        VERIFICATION_FAILURES.labels(provider, error.reason).inc()
         log.warning(
             "webhook verification failed provider=%s reason=%s: %s",
             provider,
             error.reason,
             error.message,
+            extra=fields,
         )
     elif isinstance(error, TemporaryFailure):
         log.warning(
@@ -115,6 +123,7 @@ def record_failure(provider: str, error: WebhookError) -> None:
             provider,
             error.reason,
             error.message,
+            extra=fields,
         )
     else:
         log.info(
@@ -122,4 +131,5 @@ def record_failure(provider: str, error: WebhookError) -> None:
             provider,
             error.reason,
             error.message,
+            extra=fields,
         )

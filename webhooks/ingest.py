@@ -34,7 +34,6 @@ recorded as ``ignored``.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import datetime as dt
 import logging
@@ -44,6 +43,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import Counter, Histogram
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from retry.policy import Action, Backoff, Failure, backoff_from_settings, decide
@@ -80,10 +80,24 @@ from webhooks.state import (
 
 log = logging.getLogger("gateway.webhooks")
 
-# (provider, disposition) -> events handled since the process started.
-EVENTS: collections.Counter[tuple[str, str]] = collections.Counter()
-# (provider, rule) -> account-level problems reported by feedback (provider flagged).
-PROVIDER_FLAGS: collections.Counter[tuple[str, str]] = collections.Counter()
+# The feedback path's metrics (exposed by the composition root's `/metrics`); labels are
+# provider names, normalized event types, dispositions and rule keys only.
+EVENTS = Counter(
+    "gateway_provider_events_total",
+    "Verified provider events, by normalized type and what was done with them.",
+    ["provider", "event_type", "disposition"],
+)
+PROVIDER_FLAGS = Counter(
+    "gateway_provider_flags_total",
+    "Account-level problems reported by provider feedback.",
+    ["provider", "rule"],
+)
+CALLBACK_LAG = Histogram(
+    "gateway_callback_lag_seconds",
+    "Time from a provider event (its own timestamp) to its receipt here.",
+    ["provider", "event_type"],
+    buckets=(0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 21600.0, 86400.0),
+)
 
 # Called after commit with (provider, rule) for account-level problems (e.g. the breaker).
 AccountProblemHook = Callable[[str, str], Awaitable[None]]
@@ -203,7 +217,7 @@ class FeedbackIngestor:
         """Apply normalized events in one transaction; one disposition per event."""
         prepared = [self._prepare(storable(event)) for event in events]
         flags: list[tuple[str, str, bool]] = []
-        counts: list[tuple[str, str]] = []
+        counts: list[tuple[str, str, str]] = []
         dispositions: list[str] = []
         async with pg_connection(self._engine) as pg:
             for _ in range(_MAX_RUNS):
@@ -231,10 +245,9 @@ class FeedbackIngestor:
                     continue
             else:  # pragma: no cover - every run stores or sees at least one more copy
                 raise RuntimeError("feedback batch kept racing with concurrent copies")
-        for provider, disposition in counts:
-            EVENTS[(provider, disposition)] += 1
+        _count(counts)
         for p, disposition in zip(prepared, dispositions, strict=True):
-            EVENTS[(p.event.provider, disposition)] += 1
+            EVENTS.labels(p.event.provider, p.event.event_type, disposition).inc()
         await self._flag(flags)
         return dispositions
 
@@ -255,7 +268,7 @@ class FeedbackIngestor:
                 received_at=utcnow(),
             )
         result = disposition if row_id is not None else DUPLICATE
-        EVENTS[(event.provider, result)] += 1
+        EVENTS.labels(event.provider, event.event_type, result).inc()
         return result
 
     async def apply_parked(self, provider: str, provider_message_id: str) -> int:
@@ -282,7 +295,7 @@ class FeedbackIngestor:
         provider_message_id: str | None = None,
         delivery_id: uuid.UUID | None = None,
     ) -> int:
-        counts: list[tuple[str, str]] = []
+        counts: list[tuple[str, str, str]] = []
         async with pg_connection(self._engine) as pg:
             if not await store.any_parked(
                 pg,
@@ -299,8 +312,7 @@ class FeedbackIngestor:
                     delivery_id=delivery_id,
                 )
                 applied = await self._apply_rows(pg, rows, counts)
-        for key in counts:
-            EVENTS[key] += 1
+        _count(counts)
         return applied
 
     async def sweep_parked(
@@ -315,7 +327,7 @@ class FeedbackIngestor:
         periodic job may call it.
         """
         since = self._clock() - dt.timedelta(seconds=max_age_seconds)
-        counts: list[tuple[str, str]] = []
+        counts: list[tuple[str, str, str]] = []
         async with pg_connection(self._engine) as pg:
             candidates = await store.parked_since(pg, since, limit=scan)
             if not candidates:
@@ -332,8 +344,7 @@ class FeedbackIngestor:
             async with pg.transaction():
                 rows = await store.parked(pg, ids=ready, limit=limit)
                 applied = await self._apply_rows(pg, rows, counts)
-        for key in counts:
-            EVENTS[key] += 1
+        _count(counts)
         return applied
 
     # ---- one event ---------------------------------------------------------------------
@@ -359,7 +370,7 @@ class FeedbackIngestor:
         prepared: _Prepared,
         parked_waiting: bool,
         flags: list[tuple[str, str, bool]],
-        counts: list[tuple[str, str]],
+        counts: list[tuple[str, str, str]],
     ) -> str:
         event, classification = prepared.event, prepared.classification
         recipient_hash = prepared.recipient_hash
@@ -408,6 +419,9 @@ class FeedbackIngestor:
         )
         if row_id is None:
             raise _Raced
+        if event.occurred_at is not None:
+            lag = (received_at - event.occurred_at).total_seconds()
+            CALLBACK_LAG.labels(event.provider, event.event_type).observe(max(0.0, lag))
         if disposition == PARKED:
             log.info(
                 "parked %s event %s for unknown message %s",
@@ -603,7 +617,7 @@ class FeedbackIngestor:
         )
 
     async def _drain(
-        self, pg: Pg, event: FeedbackEvent, target: _Target, counts: list[tuple[str, str]]
+        self, pg: Pg, event: FeedbackEvent, target: _Target, counts: list[tuple[str, str, str]]
     ) -> int:
         """Apply events parked earlier for the same message or delivery (now correlated)."""
         rows = await store.parked(
@@ -615,7 +629,7 @@ class FeedbackIngestor:
         return await self._apply_rows(pg, rows, counts) if rows else 0
 
     async def _apply_rows(
-        self, pg: Pg, rows: Sequence[store.StoredEvent], counts: list[tuple[str, str]]
+        self, pg: Pg, rows: Sequence[store.StoredEvent], counts: list[tuple[str, str, str]]
     ) -> int:
         applied = 0
         now = self._clock()
@@ -656,7 +670,7 @@ class FeedbackIngestor:
                 attempt_id=target.attempt_id,
             )
             applied += 1
-            counts.append((row.provider, disposition))
+            counts.append((row.provider, event.event_type, disposition))
         return applied
 
     # ---- address-level effects ---------------------------------------------------------
@@ -818,7 +832,7 @@ class FeedbackIngestor:
 
     async def _flag(self, flags: Sequence[tuple[str, str, bool]]) -> None:
         for provider, rule, opens_circuit in flags:
-            PROVIDER_FLAGS[(provider, rule)] += 1
+            PROVIDER_FLAGS.labels(provider, rule).inc()
             log.warning("provider %s reported an account-level problem (%s)", provider, rule)
             if self._on_account_problem is None or not opens_circuit:
                 continue
@@ -826,6 +840,12 @@ class FeedbackIngestor:
                 await self._on_account_problem(provider, rule)
             except Exception:  # the feedback is stored; a failing alert must not undo that
                 log.exception("account-problem hook failed for %s", provider)
+
+
+def _count(counts: Sequence[tuple[str, str, str]]) -> None:
+    """Count applied parked events: (provider, event type, disposition) each."""
+    for provider, event_type, disposition in counts:
+        EVENTS.labels(provider, event_type, disposition).inc()
 
 
 def _settle_candidate(attempts: Sequence[dlog.AttemptRow]) -> dlog.AttemptRow | None:

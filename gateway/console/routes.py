@@ -44,6 +44,7 @@ from gateway.console.session import (
 )
 from gateway.inputs import text_problem
 from gateway.keys import Principal, lookup_principal_by_id
+from gateway.metrics import counter_values
 from gateway.services import Services
 from retry import dlq
 from sender import log as dlog
@@ -55,7 +56,6 @@ from suppression.importer import MAX_REPORTED_INVALID, run_import
 from suppression.listing import Filters, InvalidCursor, decode_cursor, encode_cursor, page
 from suppression.normalize import CHANNELS, InvalidAddress, normalize
 from suppression.views import display_address, entry_view, history_view
-from webhooks.errors import VERIFICATION_FAILURES
 from webhooks.history import events_with_payloads
 
 HERE = Path(__file__).parent
@@ -426,7 +426,9 @@ async def overview_page(viewer: Viewer, services: Services) -> Response[str]:
     async with services.sessions() as session:
         depth = await dlq.open_depth(session)
     circuits = {p: await services.breaker.state(p) for p in PROVIDERS}
-    failures = sorted(VERIFICATION_FAILURES.items())
+    failures = sorted(
+        (key, int(n)) for key, n in counter_values("gateway_webhook_verification_failures").items()
+    )
     return render(
         "overview.html",
         viewer=viewer,

@@ -3,7 +3,7 @@
 (The BRIN index on deliveries.created_at the guard's window uses comes from 0011.)
 
 Revision ID: 0007
-Revises: 0010
+Revises: 0008
 """
 
 from collections.abc import Sequence
@@ -13,7 +13,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0007"
-down_revision: str | None = "0010"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -12,12 +12,16 @@ import pytest
 
 from gateway.services import Services
 from tests.fault import drills
+from tests.support.leaks import find_leaks
 
 
-def _passed(outcome: drills.Outcome) -> None:
+def _passed(outcome: drills.Outcome, workdir: Path) -> None:
     assert not outcome.problems, "\n".join(
         [f"answers: {dict(outcome.record.statuses)}", *outcome.problems[:30]]
     )
+    # The gateway processes' own log output (crashes, outages and all) names no recipient.
+    for log in workdir.rglob("gateway.log"):
+        assert find_leaks(log.read_text(errors="replace")) == [], log
 
 
 def test_kill9_during_sends_and_callbacks(
@@ -26,7 +30,7 @@ def test_kill9_during_sends_and_callbacks(
     outcome = asyncio.run(
         drills.kill9_drill(clean_database, redis_url, tmp_path, sends=300, kills=1)
     )
-    _passed(outcome)
+    _passed(outcome, tmp_path)
     assert outcome.record.accepted_messages
     assert outcome.record.stored_callbacks
 
@@ -37,14 +41,14 @@ def test_database_unreachable_under_load(
     outcome = asyncio.run(
         drills.database_drill(clean_database, redis_url, tmp_path, seconds=9, outage=3)
     )
-    _passed(outcome)
+    _passed(outcome, tmp_path)
 
 
 def test_redis_lost_and_back(clean_database: str, redis_url: str, tmp_path: Path) -> None:
     outcome = asyncio.run(
         drills.redis_drill(clean_database, redis_url, tmp_path, seconds=8, outage=3)
     )
-    _passed(outcome)
+    _passed(outcome, tmp_path)
     assert outcome.record.statuses["send:500"] == 0
 
 
@@ -55,7 +59,7 @@ def test_slow_provider_holds_no_connection(
     outcome = asyncio.run(
         drills.slow_provider_drill(clean_database, redis_url, tmp_path, sends=sends, delay=1.0)
     )
-    _passed(outcome)
+    _passed(outcome, tmp_path)
 
 
 async def test_a_burst_beyond_the_redis_pool_waits_instead_of_failing(services: Services) -> None:

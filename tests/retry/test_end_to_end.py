@@ -320,13 +320,14 @@ async def test_a_region_not_enabled_fails_at_once_and_flags_the_account(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     from sender.dispatch import SEND_FLAGS
+    from tests.support.metrics import value
 
     # Twilio 21408: SMS to the number's region is not enabled for the account.
     blocked, other = "+15005550003", "+14155552676"
     rig.stub.by_recipient[blocked] = Behavior.error(
         400, 21408, "Permission to send an SMS has not been enabled for the region"
     )
-    before = SEND_FLAGS[("twilio", "twilio:21408")]
+    before = value(SEND_FLAGS, provider="twilio", rule="twilio:21408")
     caplog.set_level("WARNING", logger="gateway.sender")
     response = await rig.client.post(
         "/v1/messages",
@@ -338,7 +339,7 @@ async def test_a_region_not_enabled_fails_at_once_and_flags_the_account(
     assert answers[blocked]["status"] == "failed"
     assert "not enabled for this account" in answers[blocked]["reason"]
     assert answers[other]["status"] == "sent"
-    assert SEND_FLAGS[("twilio", "twilio:21408")] == before + 1
+    assert value(SEND_FLAGS, provider="twilio", rule="twilio:21408") == before + 1
     assert any("configuration" in r.getMessage() for r in caplog.records)
     assert await rig.services.breaker.state("twilio") == "closed"
     # the next SMS still goes out

@@ -281,13 +281,17 @@ async def test_running_worker_picks_up_new_work(
 async def test_gateway_wiring(services: Services, retry_settings: RetrySettings) -> None:
     from gateway.services import replay_sandbox_feedback
     from gateway.settings import Settings
-    from gateway.worker import background_tasks, build_worker, run_worker
+    from gateway.worker import background_tasks, build_worker, run_webhook_pusher, run_worker
     from tests.conftest import replace_settings
 
     on: Settings = replace_settings(
         services.settings, retry=dataclasses.replace(retry_settings, worker_enabled=True)
     )
-    assert list(background_tasks(on, in_server=True)) == [replay_sandbox_feedback, run_worker]
+    assert list(background_tasks(on, in_server=True)) == [
+        replay_sandbox_feedback,
+        run_worker,
+        run_webhook_pusher,
+    ]
     off = replace_settings(on, retry=dataclasses.replace(retry_settings, worker_enabled=False))
     # the sandbox's pending callbacks are replayed whether the retry worker runs or not
     assert list(background_tasks(off, in_server=True)) == [replay_sandbox_feedback]

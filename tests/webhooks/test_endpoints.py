@@ -23,6 +23,7 @@ from gateway.app import create_app
 from gateway.services import Services, build_services
 from gateway.settings import Settings
 from tests.conftest import replace_settings
+from tests.support.metrics import value
 from tests.webhooks.feedback import (
     PHONE,
     SES_FILES,
@@ -296,13 +297,13 @@ async def test_sns_verification_failures_store_nothing(
         assert response.status_code == 403, (name, response.text)
     gw.use_sns((TEST_TOPIC_ARN,))
     for message, reason in cases:
-        before = VERIFICATION_FAILURES[("sns", reason)]
+        before = value(VERIFICATION_FAILURES, provider="sns", reason=reason)
         with caplog.at_level(logging.WARNING, logger="gateway.webhooks"):
             response = await gw.sns(message)
         assert response.status_code == 403
         assert response.headers["content-type"].startswith("application/problem+json")
         assert response.json()["reason"] == reason
-        assert VERIFICATION_FAILURES[("sns", reason)] == before + 1
+        assert value(VERIFICATION_FAILURES, provider="sns", reason=reason) == before + 1
         assert any(reason in r.getMessage() for r in caplog.records)
     assert await stored_events(gw.services) == []
     assert await suppressions(gw.services) == []
@@ -364,7 +365,7 @@ async def test_real_shaped_status_callback_resigned(gw: Gateway) -> None:
 
 async def test_twilio_verification_failures_store_nothing(gw: Gateway) -> None:
     params = status_params("SMbad", "undelivered", to=PHONE, error_code="21610")
-    before = VERIFICATION_FAILURES[("twilio", "bad_signature")]
+    before = value(VERIFICATION_FAILURES, provider="twilio", reason="bad_signature")
     wrong_token = await gw.twilio(STATUS_PATH, params, token="someone-elses-token")
     assert wrong_token.status_code == 403
     assert wrong_token.json()["reason"] == "bad_signature"
@@ -384,7 +385,7 @@ async def test_twilio_verification_failures_store_nothing(gw: Gateway) -> None:
     assert tampered.status_code == 403
     unsigned = await gw.client.post(INBOUND_PATH, content=b"MessageSid=SM1&Body=STOP", headers=FORM)
     assert unsigned.status_code == 403 and unsigned.json()["reason"] == "missing_signature"
-    assert VERIFICATION_FAILURES[("twilio", "bad_signature")] == before + 3
+    assert value(VERIFICATION_FAILURES, provider="twilio", reason="bad_signature") == before + 3
     assert await stored_events(gw.services) == []
     assert await suppressions(gw.services) == []
 

@@ -16,6 +16,7 @@ from retry.models import DeadLetter
 from sender.models import Attempt, Delivery
 from suppression import service
 from suppression.normalize import normalize
+from tests.support.metrics import value
 from tests.webhooks.feedback import (
     PHONE,
     delivery_state,
@@ -589,11 +590,11 @@ async def test_account_codes_flag_the_provider(services: Services) -> None:
         on_account_problem=hook,
     )
     made = await make_delivery(services, channel="sms", to=PHONE, attempts=[("accepted", "SMa")])
-    before = PROVIDER_FLAGS[("twilio", "twilio:30034")]
+    before = value(PROVIDER_FLAGS, provider="twilio", rule="twilio:30034")
     params = status_params("SMa", "failed", to=PHONE, error_code="30034")
     assert await ingestor.twilio_status(params, query={}, idempotency_token=None) == ["applied"]
     assert flagged == [("twilio", "twilio:30034")]
-    assert PROVIDER_FLAGS[("twilio", "twilio:30034")] == before + 1
+    assert value(PROVIDER_FLAGS, provider="twilio", rule="twilio:30034") == before + 1
     assert (await delivery_state(services, made.delivery_id))[0].status == "failed"
     assert await suppressions(services) == []
 

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from gateway.services import Services, build_services
 from gateway.settings import Settings
+from tests.support.metrics import total, value
 from tests.webhooks.signing import (
     OTHER_TOPIC_ARN,
     SNS_FIXTURES,
@@ -758,19 +759,19 @@ async def test_certificate_fetch_failure_is_temporary_and_remembered_briefly() -
 async def test_failures_are_logged_and_counted(
     verifier: SnsVerifier, caplog: pytest.LogCaptureFixture
 ) -> None:
-    before = VERIFICATION_FAILURES[("sns", "topic_not_allowed")]
+    before = value(VERIFICATION_FAILURES, provider="sns", reason="topic_not_allowed")
     caplog.set_level(logging.INFO, logger="gateway.webhooks")
     with pytest.raises(VerificationFailed):
         await verifier.verify(sns_body(sign_sns(sns_message(topic_arn=OTHER_TOPIC_ARN))))
-    assert VERIFICATION_FAILURES[("sns", "topic_not_allowed")] == before + 1
+    assert value(VERIFICATION_FAILURES, provider="sns", reason="topic_not_allowed") == before + 1
     lines = [r for r in caplog.records if r.name == "gateway.webhooks"]
     assert len(lines) == 1 and "reason=topic_not_allowed" in lines[0].getMessage()
 
     caplog.clear()
-    total = sum(VERIFICATION_FAILURES.values())
+    counted = total(VERIFICATION_FAILURES)
     with pytest.raises(MalformedPayload):
         await verifier.verify(b"[]")
-    assert sum(VERIFICATION_FAILURES.values()) == total  # 400s are logged, not counted
+    assert total(VERIFICATION_FAILURES) == counted  # 400s are logged, not counted
     assert [r.getMessage() for r in caplog.records if r.name == "gateway.webhooks"] != []
 
     caplog.clear()

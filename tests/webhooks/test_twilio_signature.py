@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from litestar.datastructures import FormMultiDict
 
+from tests.support.metrics import value
 from tests.webhooks.signing import TWILIO_FIXTURES, twilio_json_url, twilio_signature
 from webhooks.errors import VERIFICATION_FAILURES, VerificationFailed
 from webhooks.twilio_signature import TwilioVerifier
@@ -263,9 +264,9 @@ def test_form_request_without_params_signs_the_url_only() -> None:
 
 def test_failures_are_logged_and_counted(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="gateway.webhooks")
-    before = VERIFICATION_FAILURES[("twilio", "bad_signature")]
+    before = value(VERIFICATION_FAILURES, provider="twilio", reason="bad_signature")
     refused(TwilioVerifier(auth_tokens=[TOKEN]), "bad_signature", signature="AAAA")
-    assert VERIFICATION_FAILURES[("twilio", "bad_signature")] == before + 1
+    assert value(VERIFICATION_FAILURES, provider="twilio", reason="bad_signature") == before + 1
     lines = [r.getMessage() for r in caplog.records if r.name == "gateway.webhooks"]
     assert len(lines) == 1 and "provider=twilio reason=bad_signature" in lines[0]
     assert TOKEN not in lines[0]

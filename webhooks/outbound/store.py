@@ -492,3 +492,12 @@ async def prune(conn: Pg, *, before: dt.datetime) -> int:
         before,
     )
     return int(result.rsplit(" ", 1)[-1])
+
+
+async def pending_count(conn: Pg) -> int:
+    """Deliveries to subscribers not yet delivered nor given up (the outbound backlog that
+    `/metrics` reports as `gateway_outbound_event_backlog`)."""
+    count: int = await conn.fetchval(
+        f"SELECT count(*) FROM webhook_deliveries WHERE status = '{PENDING}'"
+    )
+    return count
