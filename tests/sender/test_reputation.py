@@ -438,3 +438,24 @@ async def test_a_bounce_ses_made_for_its_own_suppression_list_is_not_counted(
             uncounted=gw.services.reputation.uncounted,
         )
     assert counts[DOMAIN] == ("email", reputation.Counts(sends=2, bounces=1, complaints=0))
+
+
+async def test_metrics_publish_rates_and_states(providers_gateway: Gateway) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    gw = providers_gateway
+    await window(gw, sends=1000, status={"bounced": 50, "complained": 1})
+    await gw.services.reputation.evaluate()
+    r = await gw.client.get("/metrics")
+    assert r.status_code == 200
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+    ratio = "gateway_reputation_ratio"
+    assert samples[(ratio, (("identity", DOMAIN), ("kind", "bounce")))] == 0.05
+    assert samples[(ratio, (("identity", DOMAIN), ("kind", "complaint")))] == 0.001
+    state = "gateway_reputation_state"
+    assert samples[(state, (("identity", DOMAIN), ("state", "marketing_paused")))] == 1.0
+    assert samples[(state, (("identity", DOMAIN), ("state", "ok")))] == 0.0
