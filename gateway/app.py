@@ -39,6 +39,7 @@ from gateway.keys_api import KeysController
 from gateway.logs import RequestContext, ensure_request_id
 from gateway.metrics import metrics, observe_request
 from gateway.problems import EXCEPTION_HANDLERS, PROBLEM_JSON
+from gateway.providers import PROVIDERS, Registration
 from gateway.reports import stale_report_route
 from gateway.services import Services
 from gateway.settings import Settings
@@ -50,7 +51,6 @@ from sender.events_api import EventsController
 from sender.mailbox_api import SandboxMailboxController
 from sender.reputation_api import ReputationController
 from suppression.api import ROUTES as SUPPRESSION_ROUTES
-from webhooks.api import ROUTES as WEBHOOK_ROUTES
 from webhooks.outbound.api import ROUTES as OUTBOUND_ROUTES
 
 log = logging.getLogger("gateway")
@@ -77,12 +77,15 @@ def provide_delivery_queue(state: State) -> DeliveryQueue:
     return services.delivery_queue
 
 
-def route_handlers() -> list[Any]:
-    """Every package's routes; the composition root is the only place that lists them."""
+def route_handlers(providers: Sequence[Registration] = PROVIDERS) -> list[Any]:
+    """Every package's routes; the composition root is the only place that lists them (the
+    webhook routes are those of the registered providers, gateway/providers.py)."""
     handlers: list[Any] = [healthz, readyz, metrics, KeysController]
     handlers += [*SUPPRESSION_ROUTES, *SUBJECT_ROUTES]
     handlers += [MessagesController, SandboxMailboxController, EventsController]
-    handlers += WEBHOOK_ROUTES
+    handlers += [
+        route for r in providers if r.feedback is not None for route in r.feedback.routes()
+    ]
     handlers += OUTBOUND_ROUTES
     handlers.append(DeadLetterController)
     handlers += [ReputationController, stale_report_route]
@@ -125,7 +128,7 @@ def create_app(
                 await services.close()
 
     return Litestar(
-        route_handlers=route_handlers(),
+        route_handlers=route_handlers(services.providers if services else PROVIDERS),
         guards=[api_key_guard],
         before_request=check_request,
         dependencies={

@@ -57,8 +57,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Litestar appends `; charset=utf-8` to every text/* media type itself.
 _MEDIA_TYPE = "text/plain; version=0.0.4"
 
-# Providers whose circuit state is reported (the sandbox adapters use the same names).
-BREAKER_PROVIDERS = ("ses", "twilio")
+# Providers whose circuit state is reported: the registered ones (`services.providers`,
+# gateway/providers.py; the sandbox adapters use the same names).
 CHANNELS = ("email", "sms")
 
 REQUEST_SECONDS = Histogram(
@@ -205,7 +205,7 @@ async def database_families(services: Services, *, now: dt.datetime | None = Non
     )
     from retry.breaker import STATES
 
-    for provider in BREAKER_PROVIDERS:
+    for provider in (r.name for r in services.providers):
         try:
             state = await services.breaker.state(provider)
         except SharedStateUnavailable:

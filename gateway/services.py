@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from gateway.db import create_engine, session_factory
 from gateway.keycache import KeyCache, database_lookup
 from gateway.outbound import Outbound, build_outbound
+from gateway.providers import PROVIDERS, Registration, activate, send_spec
 from gateway.settings import Settings
 from retry.breaker import CircuitBreaker, breaker_readiness, build_breaker
 from retry.queue import DeliveryQueue
@@ -32,8 +33,7 @@ from sender.mailbox import Mailbox
 from sender.mailbox_api import MailboxContext
 from sender.providers.base import Provider
 from sender.providers.sandbox import FeedbackRunner, SandboxEmailProvider, SandboxSmsProvider
-from sender.providers.ses import SesProvider
-from sender.providers.twilio import TwilioProvider
+from sender.providers.spec import ProviderContext
 from sender.reputation import ReputationGuard, uncounted_hashes
 from sender.service import SendService
 from suppression.api import SuppressionContext
@@ -88,6 +88,10 @@ class Services:
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)
     # Coroutines to run when the process shuts down.
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # The registered providers (gateway/providers.py): their routes are the app's.
+    providers: tuple[Registration, ...] = PROVIDERS
+    # Verifiers of registered providers' webhooks, by provider name (`webhooks.spec`).
+    feedback_verifiers: dict[str, Any] = field(default_factory=dict)
     # API keys by secret hash, cached for a few seconds (what the auth guard asks).
     api_keys: KeyCache = field(init=False)
 
@@ -118,8 +122,14 @@ class Services:
         await self.engine.dispose()
 
 
-def build_services(settings: Settings, database_url: str) -> Services:
-    """Wire the concrete adapters for `settings` (secrets must already be resolved)."""
+def build_services(
+    settings: Settings, database_url: str, providers: Sequence[Registration] = PROVIDERS
+) -> Services:
+    """Wire the concrete adapters for `settings` (secrets must already be resolved) and the
+    `providers` (gateway/providers.py; tests may add one)."""
+    providers = tuple(providers)
+    activate(providers)
+    context = _provider_context(settings)
     engine = create_engine(database_url, pool_size=settings.db_pool_size)
     redis = _redis(settings.redis_url) if settings.redis_url else None
     sessions = session_factory(engine)
@@ -174,7 +184,7 @@ def build_services(settings: Settings, database_url: str) -> Services:
     dispatcher = Dispatcher(
         engine=engine,
         protector=protector,
-        providers=_providers(settings, runner),
+        providers=_providers(settings, runner, providers, context),
         config=_sender_config(settings),
         limiter=limiter,
         breaker=breaker,
@@ -214,16 +224,26 @@ def build_services(settings: Settings, database_url: str) -> Services:
             actor_of=_actor_of,
         ),
         delivery_queue=delivery_log,
+        providers=providers,
+        feedback_verifiers={
+            r.feedback.name: r.feedback.build_verifier(context)
+            for r in providers
+            if r.feedback is not None and r.feedback.build_verifier is not None
+        },
         outbound=outbound,
         reputation=reputation,
         sandbox_mailbox=(
             MailboxContext(mailbox, runner, sandbox_channels) if sandbox_channels else None
         ),
     )
-    # The sandbox adapters use the real providers' names, so these two cover every setup.
-    services.readiness["breaker"] = breaker_readiness(breaker, ("ses", "twilio"))
+    # The sandbox adapters use the real providers' names, so these cover every setup.
+    services.readiness["breaker"] = breaker_readiness(breaker, tuple(r.name for r in providers))
     services.readiness["webhooks"] = webhooks_readiness(
-        {"sns_verifier": services.sns_verifier, "twilio_verifier": services.twilio_verifier}
+        {
+            "sns_verifier": services.sns_verifier,
+            "twilio_verifier": services.twilio_verifier,
+            "verifiers": services.feedback_verifiers,
+        }
     )
     services.closers.append(send_service.close)
     services.closers.append(outbound.client.close)
@@ -257,42 +277,42 @@ async def replay_sandbox_feedback(services: Services) -> None:
         await services.sandbox_feedback.replay()
 
 
-def _providers(settings: Settings, runner: FeedbackRunner) -> dict[str, Provider]:
-    """One send adapter per channel: the sandbox unless a real provider is configured."""
-    connect = settings.provider_connect_timeout_seconds
-    read = settings.provider_read_timeout_seconds
-    email: Provider
-    if settings.email_provider == "ses":
-        email = SesProvider(
-            region=settings.aws_region,
-            configuration_set=settings.ses_configuration_set,
-            max_attempts=settings.ses_max_attempts,
-            connect_timeout=connect,
-            read_timeout=read,
-        )
-    else:
-        email = SandboxEmailProvider(runner, configuration_set=settings.ses_configuration_set)
-    sms: Provider
-    if settings.sms_provider == "twilio":
-        assert settings.twilio_account_sid and settings.twilio_auth_tokens
-        sms = TwilioProvider(
-            account_sid=settings.twilio_account_sid,
-            auth_token=settings.twilio_auth_tokens[0],
-            public_url=settings.public_url,
-            sms_from=settings.sms_from,
-            messaging_service_sid=settings.twilio_messaging_service_sid,
-            api_base=settings.twilio_api_base,
-            connect_timeout=connect,
-            read_timeout=read,
-        )
-    else:
-        sms = SandboxSmsProvider(
-            runner,
-            public_url=settings.public_url,
-            sms_from=settings.sms_from,
-            messaging_service_sid=settings.twilio_messaging_service_sid,
-        )
-    return {"email": email, "sms": sms}
+def _provider_context(settings: Settings) -> ProviderContext:
+    return ProviderContext(
+        settings=settings,
+        env=settings.provider_env,
+        public_url=settings.public_url,
+        connect_timeout=settings.provider_connect_timeout_seconds,
+        read_timeout=settings.provider_read_timeout_seconds,
+    )
+
+
+def _providers(
+    settings: Settings,
+    runner: FeedbackRunner,
+    providers: Sequence[Registration],
+    context: ProviderContext,
+) -> dict[str, Provider]:
+    """One send adapter per channel: the sandbox unless a registered provider is chosen."""
+    chosen: dict[str, Provider] = {}
+    for channel, name in (("email", settings.email_provider), ("sms", settings.sms_provider)):
+        spec = send_spec(name, channel, providers)
+        if spec is not None:
+            chosen[channel] = spec.build(context)
+        elif name != "sandbox":
+            raise ValueError(f"no {channel} provider named {name!r} is registered")
+        elif channel == "email":
+            chosen[channel] = SandboxEmailProvider(
+                runner, configuration_set=settings.ses_configuration_set
+            )
+        else:
+            chosen[channel] = SandboxSmsProvider(
+                runner,
+                public_url=settings.public_url,
+                sms_from=settings.sms_from,
+                messaging_service_sid=settings.twilio_messaging_service_sid,
+            )
+    return chosen
 
 
 def _sender_config(settings: Settings) -> SenderConfig:

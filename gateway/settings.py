@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -19,9 +19,18 @@ from urllib.parse import urlsplit
 
 from cryptography.fernet import Fernet
 
+from gateway.providers import (
+    PROVIDERS,
+    Registration,
+    choices,
+    default_rate_limits,
+    provider_env,
+    send_spec,
+)
 from retry.settings import UNKNOWN_OUTCOME_POLICIES, parse_policies, parse_rate_limits
 from retry.settings import RetrySettings as RetrySettings  # re-exported: gateway.settings API
 from sender.classify import parse_overrides
+from sender.providers.spec import SettingError
 from sender.reputation import ReputationSettings, Thresholds
 from webhooks.outbound.settings import OutboundSettings as OutboundSettings  # re-exported
 from webhooks.outbound.settings import parse_retry_schedule
@@ -114,6 +123,9 @@ class Settings:
     # GATEWAY_STALE_REPORT_HOURS: how long a delivery may wait for its final callback (and a
     # parked event for its delivery) before the stale report lists it.
     stale_report_hours: float = 72.0
+    # The settings registered providers declare (`SendSpec.settings`), as set: a provider
+    # added in gateway/providers.py reads its own from here (`ProviderContext.env`).
+    provider_env: Mapping[str, str] = field(default_factory=dict)
     # Outbound events (sender.events): how long event rows are kept (the feed's cursors stay
     # valid this long); the worker's sweep prunes older ones.
     event_retention_days: int = 30
@@ -215,7 +227,7 @@ def _subaccount_tokens(env: Mapping[str, str], name: str) -> dict[str, tuple[str
     return result
 
 
-def _retry(env: Mapping[str, str]) -> RetrySettings:
+def _retry(env: Mapping[str, str], providers: Sequence[Registration]) -> RetrySettings:
     d = RetrySettings()
     return RetrySettings(
         base_seconds=_number(env, "GATEWAY_RETRY_BASE_SECONDS", d.base_seconds, float, 0.0),
@@ -243,7 +255,10 @@ def _retry(env: Mapping[str, str]) -> RetrySettings:
             d.unknown_outcome_marketing,
             UNKNOWN_OUTCOME_POLICIES,
         ),
-        rate_limits=_parsed(env, "GATEWAY_RATE_LIMITS", parse_rate_limits, d.rate_limits),
+        # Default buckets come from the registered providers (gateway/providers.py).
+        rate_limits=_parsed(
+            env, "GATEWAY_RATE_LIMITS", parse_rate_limits, default_rate_limits(providers)
+        ),
         low_priority_share=_share(env, "GATEWAY_RATE_LOW_SHARE", d.low_priority_share),
         defer_seconds=_number(env, "GATEWAY_RETRY_DEFER_SECONDS", d.defer_seconds, float, 0.0),
         max_deferral_seconds=_number(
@@ -412,11 +427,17 @@ def serving_public_url(settings: Settings, host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """Read and validate every setting from `env` (default: the process environment)."""
+def load_settings(
+    env: Mapping[str, str] | None = None, *, providers: Sequence[Registration] = PROVIDERS
+) -> Settings:
+    """Read and validate every setting from `env` (default: the process environment), for
+    the registered `providers` (gateway/providers.py)."""
     env = os.environ if env is None else env
-    email_provider = _choice(env, "GATEWAY_EMAIL_PROVIDER", "sandbox", ("ses", "sandbox"))
-    sms_provider = _choice(env, "GATEWAY_SMS_PROVIDER", "sandbox", ("twilio", "sandbox"))
+    email = (*choices("email", providers), "sandbox")
+    email_provider = _choice(env, "GATEWAY_EMAIL_PROVIDER", "sandbox", email)
+    sms_provider = _choice(
+        env, "GATEWAY_SMS_PROVIDER", "sandbox", (*choices("sms", providers), "sandbox")
+    )
     settings = Settings(
         database_url=_url(env, "DATABASE_URL", ("postgresql", "postgres", "postgresql+asyncpg")),
         redis_url=_url(env, "REDIS_URL", ("redis", "rediss", "unix")),
@@ -453,7 +474,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         ),
         metrics_dir=Path(d) if (d := _str(env, "GATEWAY_METRICS_DIR")) else None,
         api_key_cache_seconds=_number(env, "GATEWAY_API_KEY_CACHE_SECONDS", 5.0, float, 0.0),
-        retry=_retry(env),
+        retry=_retry(env, providers),
         webhooks=_webhooks(env),
         outbound=_outbound(env, embedded=_str(env, "DATABASE_URL") is None),
         send_error_overrides=_parsed(env, "GATEWAY_SEND_ERROR_OVERRIDES", parse_overrides, {}),
@@ -471,13 +492,23 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         aws_region=_str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION"),
         reputation=_reputation(env),
         stale_report_hours=_number(env, "GATEWAY_STALE_REPORT_HOURS", 72.0, float, 0.01),
+        provider_env=provider_env(env, providers),
         event_retention_days=_number(env, "GATEWAY_EVENT_RETENTION_DAYS", 30, int, 1),
     )
-    _check_consistency(settings, env)
+    _check_consistency(settings, env, providers)
     return settings
 
 
-def _check_consistency(s: Settings, env: Mapping[str, str]) -> None:
+def _check_consistency(
+    s: Settings, env: Mapping[str, str], providers: Sequence[Registration]
+) -> None:
+    for channel, name in (("email", s.email_provider), ("sms", s.sms_provider)):
+        spec = send_spec(name, channel, providers)
+        if spec is not None and spec.check is not None:
+            try:
+                spec.check(s.provider_env)
+            except SettingError as exc:
+                raise SettingsError(exc.name, exc.problem) from None
     if s.email_provider == "ses" and not (
         _str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION")
     ):

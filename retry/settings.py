@@ -35,9 +35,10 @@ class RateSpec:
 
 
 def _default_rate_limits() -> dict[str, RateSpec]:
-    # SES accounts out of the sandbox start at 14 messages/s; a US long code sends 1 SMS/s.
-    # Operators set their real quotas; these only keep a fresh install within common limits.
-    return {"ses": RateSpec(14.0), "twilio:*": RateSpec(1.0)}
+    # Each provider declares its own default buckets (`rate_limits` of its send spec, e.g.
+    # SES 14/s, a Twilio long code 1/s); `gateway.settings` fills them in. Operators set
+    # their real quotas; these only keep a fresh install within common limits.
+    return {}
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class RetrySettings:
     # window: "dead_letter" (default; a second marketing SMS is billed and annoys) or "retry".
     unknown_outcome_marketing: str = "dead_letter"
     # Bucket key ("ses", "twilio:<from or service sid>", "twilio:*" as the per-sender
-    # default) -> rate. Keys without an entry are not limited.
+    # default) -> rate. Keys without an entry are not limited. Defaults: the providers'.
     rate_limits: Mapping[str, RateSpec] = field(default_factory=_default_rate_limits)
     # Share of a bucket that low-priority sends may use; the rest is kept for high/normal.
     low_priority_share: float = 0.6

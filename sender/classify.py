@@ -31,6 +31,10 @@ The tables are data: keys are `<provider>:<code>` for provider error codes,
 `<provider>:connection_not_sent` / `<provider>:connection_after_send` for transport failures
 and `<provider>:default` for anything else. `GATEWAY_SEND_ERROR_OVERRIDES` (a JSON object
 key -> class) replaces entries; the first key that matches in that order wins.
+
+A provider's codes are its `ErrorTable` (`sender/providers/twilio_spec.py`, `ses_spec.py`,
+or a registered provider's, `register_errors`); the feedback side (`webhooks.classify`)
+classifies callbacks from the same table, so a code means the same in both directions.
 """
 
 from __future__ import annotations
@@ -40,25 +44,38 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-ACCEPTED = "accepted"
-TRANSIENT = "transient"
-PERMANENT_MESSAGE = "permanent_message"
-PERMANENT_ADDRESS = "permanent_address"
-RECIPIENT = "recipient"
-DESTINATION = "destination"
-ACCOUNT = "account"
-UNKNOWN_OUTCOME = "unknown_outcome"
-
-CLASSES: tuple[str, ...] = (
+from sender.providers import ses_spec, twilio_spec
+from sender.providers.codes import (
     ACCEPTED,
-    TRANSIENT,
-    PERMANENT_MESSAGE,
-    PERMANENT_ADDRESS,
-    RECIPIENT,
-    DESTINATION,
     ACCOUNT,
+    CLASSES,
+    DESTINATION,
+    PERMANENT_ADDRESS,
+    PERMANENT_MESSAGE,
+    RECIPIENT,
+    TRANSIENT,
     UNKNOWN_OUTCOME,
+    ErrorTable,
 )
+
+__all__ = [
+    "ACCEPTED",
+    "ACCOUNT",
+    "CLASSES",
+    "DESTINATION",
+    "PERMANENT_ADDRESS",
+    "PERMANENT_MESSAGE",
+    "RECIPIENT",
+    "TRANSIENT",
+    "UNKNOWN_OUTCOME",
+    "Classification",
+    "ErrorTable",
+    "SendOutcome",
+    "classify",
+    "default_table",
+    "parse_overrides",
+    "register_errors",
+]
 
 # Where a transport failure happened: before the request could have reached the provider
 # (connection refused, connect timeout) or after it went out (read timeout, dropped reply).
@@ -107,80 +124,11 @@ class Classification:
         return f"{self.key} {self.description}".strip()
 
 
-# SESv2 SendEmail exceptions (botocore sesv2 model; PROVIDERS.md section 3). None of them
-# carries the `retryable` trait; our own retry layer decides.
-SES_TABLE: dict[str, tuple[str, str]] = {
-    "TooManyRequestsException": (TRANSIENT, "maximum sending rate exceeded"),
-    "ThrottlingException": (TRANSIENT, "throttled"),
-    # Botocore retries it as throttling, but SES means a resource quota: configuration.
-    "LimitExceededException": (ACCOUNT, "limit exceeded"),
-    "AccountSuspendedException": (ACCOUNT, "account suspended"),
-    "SendingPausedException": (ACCOUNT, "sending paused"),
-    "MailFromDomainNotVerifiedException": (ACCOUNT, "MAIL FROM domain not verified"),
-    "NotFoundException": (ACCOUNT, "resource not found (configuration set?)"),
-    "AccessDeniedException": (ACCOUNT, "access denied"),
-    "UnrecognizedClientException": (ACCOUNT, "unrecognized credentials"),
-    "InvalidSignatureException": (ACCOUNT, "invalid request signature"),
-    "NoCredentials": (ACCOUNT, "no AWS credentials"),
-    "MessageRejected": (PERMANENT_MESSAGE, "message rejected"),
-    "BadRequestException": (PERMANENT_MESSAGE, "bad request"),
-    "ParamValidation": (PERMANENT_MESSAGE, "request failed client-side validation"),
-    "InternalFailure": (TRANSIENT, "internal failure"),
-    "ServiceUnavailable": (TRANSIENT, "service unavailable"),
-}
-
-# Twilio error codes (PROVIDERS.md section 4). Twilio warns that codes shift over time,
-# which is why this is data that settings can override.
-TWILIO_TABLE: dict[str, tuple[str, str]] = {
-    "20003": (ACCOUNT, "authentication failed"),
-    "20429": (TRANSIENT, "too many requests"),
-    "21211": (PERMANENT_ADDRESS, "invalid 'To' number"),
-    "21212": (ACCOUNT, "invalid 'From' number"),
-    # Geo permissions: the account may not text the To number's country. Every message to
-    # that region fails the same way until someone changes the account; others go out.
-    "21408": (
-        DESTINATION,
-        "SMS to the 'To' region is not enabled for this account (Twilio geo permissions)",
-    ),
-    "21602": (PERMANENT_MESSAGE, "message body required"),
-    "21606": (ACCOUNT, "'From' number not owned by the account"),
-    # Trial accounts (or accounts without an approved compliance profile) may only text
-    # verified numbers: about this recipient and the account's configuration.
-    "21608": (
-        DESTINATION,
-        "'To' number not verified for this account (trial or compliance profile restriction)",
-    ),
-    "21610": (PERMANENT_ADDRESS, "recipient unsubscribed (STOP)"),
-    "21611": (TRANSIENT, "'From' queue full"),
-    # "Not currently reachable via SMS" with this To/From combination: sender-ID rules of the
-    # destination country or network, a carrier without connectivity. About this recipient.
-    "21612": (RECIPIENT, "'To' not reachable by SMS from this sender"),
-    "21614": (PERMANENT_ADDRESS, "'To' is not a valid mobile number"),
-    "21617": (PERMANENT_MESSAGE, "message body too long"),
-    "21635": (PERMANENT_ADDRESS, "'To' is a landline"),
-    "30001": (TRANSIENT, "queue overflow"),
-    "30002": (ACCOUNT, "account suspended"),
-    "30003": (TRANSIENT, "unreachable handset"),
-    "30004": (PERMANENT_ADDRESS, "message blocked"),
-    "30005": (PERMANENT_ADDRESS, "unknown destination handset"),
-    "30006": (PERMANENT_ADDRESS, "landline or unreachable carrier"),
-    "30007": (PERMANENT_MESSAGE, "message filtered by the carrier"),
-    "30008": (TRANSIENT, "unknown error"),
-    "30009": (TRANSIENT, "missing segment"),
-    "30010": (ACCOUNT, "price exceeds max price"),
-    "30032": (ACCOUNT, "toll-free number not verified"),
-    "30034": (ACCOUNT, "A2P 10DLC: unregistered number"),
-}
-
-# Address-level codes that mean "the recipient opted out" rather than "the address is bad".
-OPT_OUT_KEYS: frozenset[str] = frozenset({"twilio:21610"})
-
-# Transient codes about one message, sender or recipient (Twilio's carrier-side delivery
-# errors, a sender's own queue), not about the provider: they retry, but never count
-# against the provider's circuit breaker.
-RECIPIENT_SCOPED_KEYS: frozenset[str] = frozenset(
-    {"twilio:21611", "twilio:30003", "twilio:30008", "twilio:30009"}
-)
+# Each provider's codes live with its adapter (one table for both directions); the tables
+# of registered providers (`register_errors`) are looked up as `<provider>:<code>`.
+SES_TABLE = ses_spec.CODES
+TWILIO_TABLE = twilio_spec.CODES
+_TABLES: dict[str, ErrorTable] = {}
 
 # Rules that apply to every provider (looked up as `<provider>:<suffix>`, then `*:<suffix>`).
 GENERIC_TABLE: dict[str, tuple[str, str]] = {
@@ -194,15 +142,43 @@ GENERIC_TABLE: dict[str, tuple[str, str]] = {
 
 
 def default_table() -> dict[str, tuple[str, str]]:
-    """The built-in table as `key -> (class, description)`."""
+    """The built-in table as `key -> (class, description)` (every registered provider)."""
     table: dict[str, tuple[str, str]] = {}
-    table.update({f"ses:{code}": entry for code, entry in SES_TABLE.items()})
-    table.update({f"twilio:{code}": entry for code, entry in TWILIO_TABLE.items()})
+    for errors in _TABLES.values():
+        table.update({f"{errors.provider}:{code}": e for code, e in errors.codes.items()})
     table.update({f"*:{suffix}": entry for suffix, entry in GENERIC_TABLE.items()})
     return table
 
 
-_DEFAULT = default_table()
+_DEFAULT: dict[str, tuple[str, str]] = {}
+# Address-level keys that mean "the recipient opted out" rather than "the address is bad".
+OPT_OUT_KEYS: set[str] = set()
+# Transient keys about one message, sender or recipient (Twilio's carrier-side delivery
+# errors, a sender's own queue), not about the provider: they retry, but never count
+# against the provider's circuit breaker.
+RECIPIENT_SCOPED_KEYS: set[str] = set()
+
+
+def register_errors(errors: ErrorTable) -> None:
+    """Make a provider's error table part of the send-side classification (idempotent; a
+    table registered again under the same provider name replaces the earlier one)."""
+    _TABLES[errors.provider] = errors
+    _DEFAULT.clear()
+    _DEFAULT.update(default_table())
+    OPT_OUT_KEYS.clear()
+    RECIPIENT_SCOPED_KEYS.clear()
+    for table in _TABLES.values():
+        OPT_OUT_KEYS.update(f"{table.provider}:{code}" for code in table.opt_out)
+        RECIPIENT_SCOPED_KEYS.update(f"{table.provider}:{code}" for code in table.recipient_scoped)
+
+
+def error_table(provider: str) -> ErrorTable | None:
+    """The registered error table of `provider`, if any."""
+    return _TABLES.get(provider)
+
+
+register_errors(ses_spec.TABLE)
+register_errors(twilio_spec.TABLE)
 
 
 def parse_overrides(raw: str | None) -> dict[str, str]:

@@ -1006,7 +1006,8 @@ class Advance:
     # The attempt's provider-side state and, for failures, its error code.
     attempt_state: str | None = None
     error_code: str | None = None
-    # The delivery's new status (None: unchanged) with reason and last error.
+    # The delivery's new status (None: unchanged) with reason and last error; `queued`
+    # (an account-level failure reported by feedback) starts the deferral clock.
     status: str | None = None
     reason: str | None = None
     set_reason: bool = False
@@ -1027,8 +1028,8 @@ UPDATE deliveries SET
     last_error = COALESCE($8, last_error),
     next_attempt_at = CASE WHEN $9::timestamptz IS NOT NULL THEN $9
         WHEN $10 THEN NULL ELSE next_attempt_at END,
-    deferred_since = CASE WHEN $5::text IS NOT NULL AND $5::text <> 'queued' THEN NULL
-        ELSE deferred_since END,
+    deferred_since = CASE WHEN $5::text = 'queued' THEN COALESCE(deferred_since, $11)
+        WHEN $5::text IS NOT NULL THEN NULL ELSE deferred_since END,
     updated_at = $11
 WHERE id = $1 AND ($5::text IS NOT NULL OR $9::timestamptz IS NOT NULL OR $10)
 """

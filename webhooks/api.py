@@ -10,6 +10,8 @@ Routes carry no ``scope``: they are public, authenticated by the provider signat
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -39,6 +41,7 @@ from webhooks.events import (
 )
 from webhooks.ingest import FeedbackIngestor
 from webhooks.sns import SnsEnvelope, SnsVerifier, is_sns_url
+from webhooks.spec import Parser, Verifier, WebhookRequest
 from webhooks.state import APPLIED, IGNORED
 from webhooks.twilio_signature import TwilioVerifier
 
@@ -64,6 +67,9 @@ class WebhookContext:
     public_url: str
     # httpx transport for the SubscribeURL GET (tests inject a MockTransport); None = network.
     confirm_transport: httpx.AsyncBaseTransport | None = None
+    # Verifiers of registered providers (`webhooks.spec`), by provider name.
+    verifiers: Mapping[str, Verifier] = dataclasses.field(default_factory=dict)
+    default_region: str = "US"
 
 
 def provide_context(state: State) -> WebhookContext:
@@ -76,6 +82,8 @@ def provide_context(state: State) -> WebhookContext:
         twilio=services.twilio_verifier,
         public_url=str(services.settings.public_url).rstrip("/"),
         confirm_transport=services.sns_confirm_transport,
+        verifiers=services.feedback_verifiers,
+        default_region=services.settings.default_region,
     )
 
 
@@ -364,7 +372,68 @@ async def twilio_inbound_webhook(
     return Response(EMPTY_TWIML, media_type=TEXT_XML, status_code=200)
 
 
-ROUTES: list[Any] = [ses_webhook, twilio_status_webhook, twilio_inbound_webhook]
+SES_ROUTES: list[Any] = [ses_webhook]
+TWILIO_ROUTES: list[Any] = [twilio_status_webhook, twilio_inbound_webhook]
+ROUTES: list[Any] = [*SES_ROUTES, *TWILIO_ROUTES]
+
+
+# ---- a registered provider ---------------------------------------------------------------
+
+
+def webhook_route(
+    provider: str,
+    path: str,
+    parse: Parser,
+    *,
+    summary: str,
+    description: str | None = None,
+) -> Any:
+    """The endpoint of a registered provider (`webhooks.spec.FeedbackSpec`): verify with the
+    provider's verifier (403, nothing stored), parse (400), ingest (503 when it cannot be
+    stored now), answer the dispositions, like the built-in endpoints."""
+
+    async def handler(request: Request[Any, Any, Any], webhooks: WebhookContext) -> Handled:
+        body = await request.body()
+        query_string = request.scope.get("query_string", b"").decode("latin-1")
+        incoming = WebhookRequest(
+            url=webhooks.public_url
+            + request.url.path
+            + (f"?{query_string}" if query_string else ""),
+            body=body,
+            headers={k.lower(): v for k, v in request.headers.items()},
+            query=dict(parse_qsl(query_string, keep_blank_values=True)),
+            default_region=webhooks.default_region,
+        )
+        verifier = webhooks.verifiers.get(provider)
+        try:
+            if verifier is None:
+                raise VerificationFailed(
+                    f"no verifier configured for {provider}", reason="no_verifier_configured"
+                )
+            checked = verifier.verify(incoming)
+            if inspect.isawaitable(checked):
+                await checked
+            events = parse(incoming)
+        except WebhookError as error:
+            record_failure(provider, error)
+            raise _webhook_problem(error) from None
+        try:
+            dispositions = await webhooks.ingestor.ingest(events)
+        except Exception as exc:
+            raise _temporary(provider, exc) from None
+        return Handled(dispositions)
+
+    handler.__name__ = handler.__qualname__ = f"{provider}_webhook"
+    return post(
+        path,
+        tags=["webhooks"],
+        dependencies=DEPENDENCIES,
+        opt=_PROVIDER_SIGNED,
+        status_code=200,
+        summary=summary,
+        description=description,
+        responses=_RESPONSES,
+    )(handler)
 
 
 def readiness(extra: Mapping[str, Any]) -> ReadinessCheck:
@@ -377,7 +446,12 @@ def readiness(extra: Mapping[str, Any]) -> ReadinessCheck:
     async def check() -> tuple[bool, dict[str, Any]]:
         sns_verifier = extra.get("sns_verifier")
         tw = extra.get("twilio_verifier")
+        others = {
+            name: "configured" if verifier.configured else "refusing: not configured"
+            for name, verifier in (extra.get("verifiers") or {}).items()
+        }
         return True, {
+            **others,
             "critical": False,
             "ses": "configured"
             if sns_verifier is not None and sns_verifier.configured
@@ -390,4 +464,13 @@ def readiness(extra: Mapping[str, Any]) -> ReadinessCheck:
     return check
 
 
-__all__ = ["EMPTY_TWIML", "ROUTES", "Handled", "WebhookContext", "readiness"]
+__all__ = [
+    "EMPTY_TWIML",
+    "ROUTES",
+    "SES_ROUTES",
+    "TWILIO_ROUTES",
+    "Handled",
+    "WebhookContext",
+    "readiness",
+    "webhook_route",
+]

@@ -15,14 +15,45 @@ Keys tried, in order:
   rendering_failure, open, click, subscription), else ``ses:unknown``;
 * Twilio status: ``twilio:status:<MessageStatus>``; for ``failed``/``undelivered`` the
   error code then decides: ``twilio:<ErrorCode>``, ``twilio:default``;
-* Twilio inbound: ``twilio:inbound`` (the keyword handling is fixed: STOP/START/HELP).
+* Twilio inbound: ``twilio:inbound`` (the keyword handling is fixed: STOP/START/HELP);
+* a registered provider (`register`): the keys its own function returns.
+
+Provider error codes are not a second table: the ``twilio:<code>`` rows and the SES bounce,
+Reject and Rendering Failure rows are derived from the provider's one table
+(`sender.providers.twilio_spec`, `sender.providers.ses_spec`), whose classes the send path
+uses too (`outcome_for_class`). A class means the same in both directions:
+
+* ``permanent_address`` suppresses (``invalid_address``/``hard_bounce``, ``opt_out``);
+* ``permanent_message`` fails the message (``failed``); ``destination`` fails it and flags
+  the account's configuration;
+* ``transient`` retries within the budget (``transient``/``soft_bounce``); ``recipient``
+  (Twilio 21612) retries within the budget and then fails, never dead-letters;
+* ``account`` (paused or suspended account, price cap, unregistered sender: Twilio 30002,
+  30010, 30032, ...) neither suppresses the recipient nor fails the message (DESIGN
+  "Classify, don't guess"): the provider is flagged (warning, counter), its circuit is told,
+  and the delivery waits ``queued`` for the account cool-down (`retry.policy.Failure.ACCOUNT`),
+  as after an account-level answer at send time: not held to the attempt budget, bounded
+  by its deadline and the maximum deferral age.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from retry.policy import Failure
+from sender.providers import ses_spec, twilio_spec
+from sender.providers.codes import (
+    ACCOUNT,
+    DESTINATION,
+    PERMANENT_ADDRESS,
+    PERMANENT_MESSAGE,
+    RECIPIENT,
+    ErrorTable,
+)
+from sender.providers.codes import (
+    TRANSIENT as TRANSIENT_CLASS,
+)
 from sender.status import BOUNCED, COMPLAINED, DELAYED, DELIVERED, FAILED, READ, SENT
 from webhooks.events import FeedbackEvent
 from webhooks.state import TRANSIENT
@@ -42,6 +73,8 @@ class Outcome:
     `opens_circuit`: a problem of the whole account (paused, suspended): the provider's
     circuit breaker is told. A destination the account is not set up for (a region not
     enabled) is flagged but is no reason to stop every other send.
+    `failure`: how a `transient` state is retried (`retry.policy.decide`): back off within
+    the budget, wait out the account cool-down, or retry and then fail (one recipient).
     """
 
     name: str
@@ -51,6 +84,7 @@ class Outcome:
     soft_bounce: bool = False
     flag_provider: bool = False
     opens_circuit: bool = False
+    failure: Failure = Failure.TRANSIENT
 
 
 OUTCOMES: dict[str, Outcome] = {
@@ -69,7 +103,15 @@ OUTCOMES: dict[str, Outcome] = {
         Outcome("opt_out", state=FAILED, suppression="sms_stop"),
         Outcome("invalid_address", state=FAILED, suppression="invalid_address"),
         Outcome("transient", state=TRANSIENT, retry=True),
-        Outcome("account", state=FAILED, flag_provider=True, opens_circuit=True),
+        Outcome(
+            "account",
+            state=TRANSIENT,
+            retry=True,
+            flag_provider=True,
+            opens_circuit=True,
+            failure=Failure.ACCOUNT,
+        ),
+        Outcome("recipient", state=TRANSIENT, retry=True, failure=Failure.RECIPIENT),
         Outcome("destination", state=FAILED, flag_provider=True),
         # Topic (un)subscriptions and inbound keywords act on the address only.
         Outcome("subscription"),
@@ -79,6 +121,35 @@ OUTCOMES: dict[str, Outcome] = {
 }
 # What an override may name (the two special ones only make sense for their own events).
 OVERRIDABLE_OUTCOMES = frozenset(OUTCOMES) - {"subscription", "inbound"}
+
+# ---- one table per provider, both directions ---------------------------------------
+
+
+def outcome_for_class(kind: str, *, channel: str, opt_out: bool = False) -> str:
+    """The feedback outcome of a provider error class (`sender.providers.codes`)."""
+    if kind == PERMANENT_ADDRESS:
+        if opt_out:
+            return "opt_out"
+        return "hard_bounce" if channel == "email" else "invalid_address"
+    if kind == TRANSIENT_CLASS:
+        return "soft_bounce" if channel == "email" else "transient"
+    return {
+        PERMANENT_MESSAGE: "failed",
+        RECIPIENT: "recipient",
+        DESTINATION: "destination",
+        ACCOUNT: "account",
+    }[kind]
+
+
+def error_rows(errors: ErrorTable, *, channel: str) -> dict[str, str]:
+    """`<provider>:<code> -> outcome` for every code of a provider's error table."""
+    return {
+        f"{errors.provider}:{code}": outcome_for_class(
+            kind, channel=channel, opt_out=code in errors.opt_out
+        )
+        for code, (kind, _) in errors.codes.items()
+    }
+
 
 # ---- the default table ----------------------------------------------------------------
 
@@ -93,21 +164,11 @@ DEFAULT_TABLE: dict[str, str] = {
     "ses:click": "engagement",
     "ses:subscription": "subscription",
     "ses:unknown": "ignored",
-    # Reject (a virus) and Rendering Failure: this message can never go; the address is fine.
-    "ses:reject": "failed",
-    "ses:rendering_failure": "failed",
-    # Every Permanent subtype is a hard bounce, also unknown ones. Suppressed (global list)
-    # and OnAccountSuppressionList mean SES did not even try: still a bad address for us.
-    "ses:bounce:Permanent": "hard_bounce",
-    "ses:bounce:Permanent:General": "hard_bounce",
-    "ses:bounce:Permanent:NoEmail": "hard_bounce",
-    "ses:bounce:Permanent:Suppressed": "hard_bounce",
-    "ses:bounce:Permanent:OnAccountSuppressionList": "hard_bounce",
-    # A "transient" bounce whose SMTP status is 5.x.x is a permanent failure in disguise.
-    "ses:bounce:Transient:status_5xx": "hard_bounce",
-    "ses:bounce:Transient": "soft_bounce",
-    "ses:bounce:Undetermined": "soft_bounce",
-    "ses:bounce:default": "soft_bounce",
+    # Reject, Rendering Failure and every bounce type/subtype: from SES's one table.
+    **{
+        f"ses:{key}": outcome_for_class(kind, channel="email")
+        for key, (kind, _) in ses_spec.FEEDBACK.items()
+    },
     # A complaint suppresses; feedback type not-spam says the opposite and is only recorded.
     "ses:complaint": "complaint",
     "ses:complaint:not-spam": "not_spam",
@@ -119,26 +180,8 @@ DEFAULT_TABLE: dict[str, str] = {
     "twilio:status:receiving": "ignored",
     "twilio:status:received": "ignored",
     "twilio:status:unknown": "ignored",
-    # Twilio error codes of failed/undelivered messages.
-    "twilio:21610": "opt_out",
-    "twilio:21211": "invalid_address",
-    "twilio:21614": "invalid_address",
-    "twilio:30004": "invalid_address",
-    "twilio:30005": "invalid_address",
-    "twilio:30006": "invalid_address",
-    "twilio:30001": "transient",
-    "twilio:30003": "transient",
-    "twilio:30008": "transient",
-    "twilio:30009": "transient",
-    "twilio:30007": "failed",
-    "twilio:30002": "account",
-    "twilio:30032": "account",
-    "twilio:30034": "account",
-    # About one destination or recipient, never the whole account: the region is not
-    # enabled for the account (flagged for the operator) / the number is not reachable
-    # from this sender.
-    "twilio:21408": "destination",
-    "twilio:21612": "failed",
+    # Twilio error codes of failed/undelivered messages: Twilio's one table.
+    **error_rows(twilio_spec.TABLE, channel="sms"),
     # Unknown codes, and failures without a code: transient, bounded by the retry budget.
     "twilio:default": "transient",
     "twilio:inbound": "inbound",
@@ -155,8 +198,35 @@ class Classification:
     rule: str
 
 
+TableKeys = Callable[[FeedbackEvent], list[str]]
+# Provider -> its table-key function (the built-in two are below; others `register`).
+_KEYS: dict[str, TableKeys] = {}
+
+
+def register(provider: str, keys: TableKeys, rows: Mapping[str, str]) -> None:
+    """Classify `provider`'s events with `keys` and add its default `rows` (each key must
+    start with ``<provider>:`` and name a known outcome). Registering again replaces."""
+    for key, name in rows.items():
+        if not key.startswith(f"{provider}:") or name not in OUTCOMES:
+            raise ValueError(f"bad classification row {key!r} -> {name!r} for {provider}")
+    _KEYS[provider] = keys
+    DEFAULT_TABLE.update(rows)
+
+
+def providers() -> frozenset[str]:
+    """The providers whose events are classified (override keys must name one of them)."""
+    return frozenset(_KEYS)
+
+
 def table_keys(event: FeedbackEvent) -> list[str]:
     """The table keys tried for `event`, most specific first."""
+    if event.provider in ("ses", "twilio"):
+        return _builtin_keys(event)
+    keys = _KEYS.get(event.provider)
+    return keys(event) if keys is not None else []
+
+
+def _builtin_keys(event: FeedbackEvent) -> list[str]:
     d = event.details
     if event.provider == "ses":
         if event.event_type == "bounce":
@@ -181,6 +251,10 @@ def table_keys(event: FeedbackEvent) -> list[str]:
             return [*([f"twilio:{code}"] if code else []), "twilio:default"]
         return [f"twilio:status:{status}", "twilio:status:unknown"]
     return []
+
+
+_KEYS["ses"] = _builtin_keys
+_KEYS["twilio"] = _builtin_keys
 
 
 def classify(event: FeedbackEvent, overrides: Mapping[str, str] | None = None) -> Classification:

@@ -46,7 +46,7 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from retry.policy import Action, Backoff, Failure, backoff_from_settings, decide
+from retry.policy import Action, Backoff, backoff_from_settings, decide
 from retry.settings import RetrySettings
 from sender import log as dlog
 from sender.status import (
@@ -55,6 +55,7 @@ from sender.status import (
     DEAD,
     FAILED,
     GATEWAY_STATES,
+    QUEUED,
     RETRYING,
     AttemptStatus,
 )
@@ -547,7 +548,8 @@ class FeedbackIngestor:
         if outcome.state == TRANSIENT:
             backoff = self._backoff_for(delivery)
             decision = decide(
-                Failure.TRANSIENT,
+                # Transient, account-level (wait out the cool-down) or one recipient's.
+                outcome.failure,
                 backoff=backoff,
                 attempts_made=delivery.attempts,
                 now=now,
@@ -563,7 +565,7 @@ class FeedbackIngestor:
             delivery_status=delivery.status,
             new_state=outcome.state,
             latest=latest,
-            can_retry=decision is not None and decision.action is Action.RETRY,
+            can_retry=decision is not None and decision.action in (Action.RETRY, Action.PAUSE),
         )
         if result.disposition != APPLIED:
             return result.disposition
@@ -575,11 +577,20 @@ class FeedbackIngestor:
                 delivery.id, attempt.id, attempt_state=result.attempt_state, error_code=error_code
             )
         new_status = result.delivery_status
-        if new_status == RETRYING:
+        if new_status == DEAD and decision is not None and decision.action is Action.FAIL:
+            # A recipient the provider keeps refusing is that delivery's outcome, as at send
+            # time: failed with the reason, not a dead letter for an operator.
+            new_status = FAILED
+        if new_status == RETRYING and decision is not None and decision.action is Action.PAUSE:
+            # An account-level failure is not this delivery's: as at send time it waits
+            # `queued` for the account cool-down, not held to the attempt budget (bounded by
+            # its deadline and the maximum deferral age), while the provider is flagged.
+            new_status = QUEUED
+        if new_status in (RETRYING, QUEUED):
             assert decision is not None and decision.at is not None
             change = dataclasses.replace(
                 change,
-                status=RETRYING,
+                status=new_status,
                 reason=outcome.name,
                 set_reason=True,
                 last_error=error,

@@ -31,6 +31,7 @@ from webhooks.events import (
     parse_time,
     redact,
 )
+from webhooks.spec import FeedbackSpec
 
 # SES type name -> (normalized event type, key of its type-specific object).
 SES_TYPES: dict[str, tuple[str, str]] = {
@@ -217,3 +218,15 @@ def _list(value: Any) -> Sequence[Any]:
 
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+def _routes() -> list[Any]:
+    from webhooks.api import SES_ROUTES  # the web framework is imported on use only
+
+    return SES_ROUTES
+
+
+# SES's feedback side: the SNS endpoint (webhooks/api.py), verified by `webhooks.sns`
+# (wired by gateway/services.py), classified by `webhooks.classify` from SES's one table of
+# conditions (sender/providers/ses_spec.py).
+FEEDBACK = FeedbackSpec(name="ses", channel="email", routes=_routes)

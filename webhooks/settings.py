@@ -33,10 +33,11 @@ class WebhookSettings:
 def parse_classification_overrides(raw: str) -> dict[str, str]:
     """Parse the JSON object of `GATEWAY_FEEDBACK_CLASSIFICATION_OVERRIDES`.
 
-    Keys are classification table keys (``ses:...`` or ``twilio:...``), values outcome names
-    of `webhooks.classify.OVERRIDABLE_OUTCOMES`.
+    Keys are classification table keys (``<provider>:...`` of a provider whose feedback is
+    classified: ``ses``, ``twilio`` and any registered one), values outcome names of
+    `webhooks.classify.OVERRIDABLE_OUTCOMES`.
     """
-    from webhooks.classify import OVERRIDABLE_OUTCOMES
+    from webhooks.classify import OVERRIDABLE_OUTCOMES, providers
 
     try:
         parsed = json.loads(raw)
@@ -46,8 +47,10 @@ def parse_classification_overrides(raw: str) -> dict[str, str]:
         raise ValueError("must be a JSON object of table key -> outcome")
     result: dict[str, str] = {}
     for key, value in parsed.items():
-        if not key.startswith(("ses:", "twilio:")) or len(key) > 200:
-            raise ValueError(f"key {key[:60]!r} must start with 'ses:' or 'twilio:'")
+        known = sorted(providers())
+        if key.partition(":")[0] not in known or ":" not in key or len(key) > 200:
+            names = " or ".join(f"'{name}:'" for name in known)
+            raise ValueError(f"key {key[:60]!r} must start with {names}")
         if not isinstance(value, str) or value not in OVERRIDABLE_OUTCOMES:
             raise ValueError(
                 f"value of {key!r} must be one of {', '.join(sorted(OVERRIDABLE_OUTCOMES))}"

@@ -22,6 +22,7 @@ from typing import Any
 
 from webhooks.errors import MalformedPayload
 from webhooks.events import SMS, TWILIO, UNKNOWN, FeedbackEvent, normalize_recipient
+from webhooks.spec import FeedbackSpec
 
 # Every MessageStatus value of the API (twilio-python's enum).
 STATUSES = frozenset(
@@ -148,3 +149,15 @@ def parse_inbound(
 def _sid(params: Mapping[str, str]) -> str | None:
     value = (params.get("MessageSid") or params.get("SmsSid") or "").strip()
     return value[:64] or None
+
+
+def _routes() -> list[Any]:
+    from webhooks.api import TWILIO_ROUTES  # the web framework is imported on use only
+
+    return TWILIO_ROUTES
+
+
+# Twilio's feedback side: status callbacks and inbound SMS (webhooks/api.py), verified by
+# `webhooks.twilio_signature.TwilioVerifier` (wired by gateway/services.py), classified by
+# `webhooks.classify` from Twilio's one error table (sender/providers/twilio_spec.py).
+FEEDBACK = FeedbackSpec(name=TWILIO, channel=SMS, routes=_routes)

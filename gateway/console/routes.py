@@ -45,6 +45,7 @@ from gateway.console.session import (
 from gateway.inputs import text_problem
 from gateway.keys import Principal, lookup_principal_by_id
 from gateway.metrics import counter_values
+from gateway.providers import PROVIDERS as REGISTERED_PROVIDERS
 from gateway.services import Services
 from retry import dlq
 from sender import log as dlog
@@ -65,7 +66,8 @@ MAX_SELECTED = 500
 IMPORT_MAX_BYTES = 256 * 1024 * 1024
 PAGE_ROWS = 100
 AGES = {"1h": dt.timedelta(hours=1), "24h": dt.timedelta(days=1), "7d": dt.timedelta(days=7)}
-PROVIDERS = ("ses", "twilio")
+# The registered providers (gateway/providers.py): circuits shown, event filter choices.
+PROVIDERS = tuple(r.name for r in REGISTERED_PROVIDERS)
 # What a raw provider payload (or an event's details) may carry that is a hash or a secret:
 # signatures, our derived key (SES tag `derived_key`, header `X-Gateway-Delivery`, Twilio's
 # delivery ref) and the tokenized one-click unsubscribe URL. None of it is shown.

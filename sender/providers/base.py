@@ -12,9 +12,12 @@ import email.utils
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from sender.classify import SendOutcome
+if TYPE_CHECKING:
+    # Annotations only: provider specs (imported by `sender.classify` for their error
+    # tables) name `Provider`, so importing `sender.classify` here would be a cycle.
+    from sender.classify import SendOutcome
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@
   trustworthy even when the process died before it stored the Message SID.
 * `from_` is the configured sender number, or else the Messaging Service SID.
 * `api_base` (setting `GATEWAY_TWILIO_API_BASE`) points the client at another base URL
-  (a local stub, a Twilio edge) through the client's own extension seam: a `TwilioHttpClient`
-  subclass that rewrites `https://<anything>.twilio.com` to the base.
+  (a local stub, a Twilio edge) through the SDK's documented seam (`Client(http_client=...)`
+  with a `TwilioHttpClient` subclass whose `request` rewrites `https://<anything>.twilio.com`
+  to the base and then calls the SDK's own `request`).
 * Timeouts are explicit and the HTTP client does no retries; the twilio client is synchronous,
   so calls run on a small dedicated thread pool (one client per thread: `requests` sessions
   are not meant to be shared between threads).
@@ -22,9 +23,9 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import requests
+from requests.adapters import HTTPAdapter
 from twilio.base.exceptions import TwilioException, TwilioRestException
 from twilio.http.http_client import TwilioHttpClient
-from twilio.http.response import Response
 from twilio.rest import Client
 
 from sender.classify import SendOutcome, Transport
@@ -40,14 +41,54 @@ def status_callback_url(public_url: str, delivery_id: object) -> str:
     return f"{public_url.rstrip('/')}{STATUS_CALLBACK_PATH}?{urlencode({'d': str(delivery_id)})}"
 
 
+class _SplitTimeoutAdapter(HTTPAdapter):
+    """A requests transport adapter (requests' documented extension point, mounted on the
+    SDK client's session) that turns the SDK's single timeout into (connect, read): a slow
+    connect means nothing was sent; a slow read is ambiguous. It never retries."""
+
+    def __init__(self, connect_timeout: float) -> None:
+        super().__init__(max_retries=0)
+        self._connect_timeout = connect_timeout
+
+    def send(
+        self,
+        request: requests.PreparedRequest,
+        stream: bool = False,
+        timeout: float | tuple[float | None, float | None] | None = None,
+        verify: bool | str = True,
+        cert: str | tuple[str, str] | None = None,
+        proxies: dict[str, str] | None = None,
+    ) -> requests.Response:
+        if isinstance(timeout, int | float):
+            timeout = (min(self._connect_timeout, float(timeout)), float(timeout))
+        return super().send(
+            request, stream=stream, timeout=timeout, verify=verify, cert=cert, proxies=proxies
+        )
+
+
 class _GatewayHttpClient(TwilioHttpClient):  # type: ignore[misc]
-    """The stock HTTP client plus a base-URL rewrite and a record of the last headers."""
+    """The SDK's own HTTP client, extended only through its documented seams.
+
+    * Constructor arguments: `timeout` (the read timeout), a pooled session, no retries.
+    * `http_client=` of `Client` (twilio-python's "custom HTTP client" guide).
+    * `request` is overridden only to rewrite the URL (`api_base`) and to read the answer's
+      headers (Retry-After); the SDK's own `request` does the call, its logging and its
+      response building, so an SDK upgrade changes them for us too.
+    * The connect timeout comes from a requests transport adapter on the client's session.
+      Should the SDK stop providing a requests session, the constructor fails at start
+      (and tests/sender/test_twilio_path.py), rather than sends silently losing a timeout.
+    """
 
     def __init__(self, *, api_base: str | None, connect_timeout: float, read_timeout: float):
         super().__init__(pool_connections=True, timeout=read_timeout)
         self._api_base = urlsplit(api_base.rstrip("/")) if api_base else None
-        self._timeouts = (connect_timeout, read_timeout)
         self.last_headers: dict[str, str] = {}
+        session = getattr(self, "session", None)
+        if not isinstance(session, requests.Session):
+            raise RuntimeError("twilio.http.http_client.TwilioHttpClient has no requests session")
+        adapter = _SplitTimeoutAdapter(connect_timeout)
+        session.mount("https://", adapter)
+        session.mount("http://", adapter)
 
     def _rewrite(self, url: str) -> str:
         if self._api_base is None:
@@ -69,32 +110,20 @@ class _GatewayHttpClient(TwilioHttpClient):  # type: ignore[misc]
         timeout: float | None = None,
         allow_redirects: bool = False,
     ) -> Any:
+        """The SDK's `request` against the rewritten URL; remembers the answer's headers."""
         self.last_headers = {}
-        kwargs: dict[str, Any] = {
-            "method": method.upper(),
-            "url": self._rewrite(url),
-            "params": params,
-            "headers": headers,
-            "auth": auth,
-            "hooks": self.request_hooks,
-        }
-        if headers and headers.get("Content-Type", "").endswith("json"):
-            kwargs["json"] = data
-        else:
-            kwargs["data"] = data
-        self.log_request(kwargs)
-        session = self.session or requests.Session()
-        prepared = session.prepare_request(requests.Request(**kwargs))
-        settings = session.merge_environment_settings(
-            str(prepared.url), self.proxy, None, None, None
+        response = super().request(
+            method,
+            self._rewrite(url),
+            params=params,
+            data=data,
+            headers=headers,
+            auth=auth,
+            timeout=timeout,
+            allow_redirects=allow_redirects,
         )
-        # (connect, read): a slow connect means nothing was sent; a slow read is ambiguous.
-        response = session.send(
-            prepared, allow_redirects=allow_redirects, timeout=self._timeouts, **settings
-        )
-        self.log_response(response.status_code, response)
-        self.last_headers = {k.lower(): v for k, v in response.headers.items()}
-        return Response(int(response.status_code), response.text, response.headers)
+        self.last_headers = {k.lower(): v for k, v in (response.headers or {}).items()}
+        return response
 
 
 class TwilioProvider:

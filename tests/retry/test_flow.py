@@ -46,7 +46,24 @@ async def _run_until_settled(worker: Worker, services: Services, ids: list[uuid.
             )
         return pending is None
 
-    await run_worker_until(worker, settled)
+    try:
+        await run_worker_until(worker, settled)
+    except AssertionError as exc:
+        # Say where each delivery stands (this failed once on a loaded machine, not since).
+        async with services.sessions() as s:
+            rows = (
+                await s.execute(
+                    select(
+                        deliveries.c.id,
+                        deliveries.c.status,
+                        deliveries.c.attempts,
+                        deliveries.c.next_attempt_at,
+                        deliveries.c.reason,
+                    ).where(deliveries.c.id.in_(ids))
+                )
+            ).all()
+            tries = await attempt_rows(services.sessions, ids[0])
+        raise AssertionError(f"{exc}: deliveries {rows}, attempts of the first {tries}") from exc
 
 
 async def test_500_n_times_then_200_with_growing_gaps(

@@ -124,14 +124,17 @@ TWILIO_CODES = {
     "30008": ("transient", None, True, False),
     "30009": ("transient", None, True, False),
     "30007": ("failed", None, False, False),
-    "30002": ("account", None, False, True),
-    "30032": ("account", None, False, True),
-    "30034": ("account", None, False, True),
+    "30002": ("account", None, True, True),
+    "30032": ("account", None, True, True),
+    "30034": ("account", None, True, True),
     "21408": ("destination", None, False, True),
-    "21612": ("failed", None, False, False),
+    "21612": ("recipient", None, True, False),
     # Unknown codes: transient, bounded by the retry budget.
     "30044": ("transient", None, True, False),
-    "30010": ("transient", None, True, False),
+    # Account-level in a callback as at send time (it used to be retried as transient).
+    "30010": ("account", None, True, True),
+    "20003": ("account", None, True, True),
+    "21635": ("invalid_address", "invalid_address", False, False),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import random
@@ -33,6 +34,7 @@ from tests.webhooks.feedback import (
 from webhooks.ingest import PROVIDER_FLAGS, FeedbackIngestor
 
 JANE = "jane@example.com"
+PHONE2 = "+15005550010"
 
 
 @pytest.fixture
@@ -595,7 +597,45 @@ async def test_account_codes_flag_the_provider(services: Services) -> None:
     assert await ingestor.twilio_status(params, query={}, idempotency_token=None) == ["applied"]
     assert flagged == [("twilio", "twilio:30034")]
     assert value(PROVIDER_FLAGS, provider="twilio", rule="twilio:30034") == before + 1
-    assert (await delivery_state(services, made.delivery_id))[0].status == "failed"
+    # DESIGN "Classify, don't guess": an account-level code neither suppresses the recipient
+    # nor fails the message; the delivery waits out the account cool-down (not the feedback
+    # backoff of a handset that is off), bounded by its deadline and the deferral age.
+    # Like an account-level answer at send time: `queued`, so the worker does not hold it to
+    # the attempt budget, and the deferral clock (GATEWAY_RETRY_MAX_DEFERRAL_SECONDS) runs.
+    delivery, (attempt,) = await delivery_state(services, made.delivery_id)
+    assert (delivery.status, delivery.reason, attempt.provider_status) == (
+        "queued",
+        "account",
+        "transient",
+    )
+    assert delivery.deferred_since is not None and delivery.attempts == 1
+    cooldown = services.settings.retry.breaker_account_cooldown_seconds
+    assert delivery.next_attempt_at is not None
+    assert delivery.next_attempt_at >= now() + dt.timedelta(seconds=cooldown - 5)
+    assert await suppressions(services) == []
+
+
+async def test_recipient_codes_retry_then_fail_without_a_dead_letter(
+    services: Services, ingestor: FeedbackIngestor
+) -> None:
+    # Twilio 21612 in a callback means what it means at send time: this recipient is not
+    # reachable from this sender; retried within the budget, then failed (not dead).
+    made = await make_delivery(services, channel="sms", to=PHONE, attempts=[("accepted", "SMr")])
+    params = status_params("SMr", "undelivered", to=PHONE, error_code="21612")
+    assert await ingestor.twilio_status(params, query={}, idempotency_token=None) == ["applied"]
+    delivery, _ = await delivery_state(services, made.delivery_id)
+    assert (delivery.status, delivery.reason) == ("retrying", "recipient")
+    spent = FeedbackIngestor(
+        services.engine,
+        services.protector,
+        services.settings.webhooks,
+        retry=dataclasses.replace(services.settings.retry, max_attempts=1),
+    )
+    made = await make_delivery(services, channel="sms", to=PHONE2, attempts=[("accepted", "SMs")])
+    params = status_params("SMs", "undelivered", to=PHONE2, error_code="21612")
+    assert await spent.twilio_status(params, query={}, idempotency_token=None) == ["applied"]
+    delivery, _ = await delivery_state(services, made.delivery_id)
+    assert (delivery.status, delivery.reason) == ("failed", "recipient")
     assert await suppressions(services) == []
 
 
