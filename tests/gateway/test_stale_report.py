@@ -13,6 +13,7 @@ from urllib.parse import urlencode
 import httpx
 import pytest
 
+import gateway.cli
 from gateway.app import create_app
 from gateway.cli import main
 from gateway.services import build_services
@@ -159,6 +160,9 @@ async def test_gateway_report_stale_prints_the_same_report(
         monkeypatch.delenv(name)
     for name, value in gateway_env(settings.database_url, settings.redis_url).items():
         monkeypatch.setenv(name, value)
+    # The command would configure the process's logging (levels, handlers) for good: not
+    # what is tested here, and it would change what later tests' log capture sees.
+    monkeypatch.setattr(gateway.cli, "_logging", lambda settings: None)
 
     async def run(*args: str) -> tuple[int, str]:
         capsys.readouterr()
