@@ -40,6 +40,7 @@ from gateway.logs import RequestContext, ensure_request_id
 from gateway.metrics import metrics, observe_request
 from gateway.problems import EXCEPTION_HANDLERS, PROBLEM_JSON
 from gateway.providers import PROVIDERS, Registration
+from gateway.reports import stale_report_route
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.subjects import ROUTES as SUBJECT_ROUTES
@@ -49,6 +50,7 @@ from sender.api import MessagesController
 from sender.campaigns_api import CampaignsController
 from sender.events_api import EventsController
 from sender.mailbox_api import SandboxMailboxController
+from sender.reputation_api import ReputationController
 from suppression.api import ROUTES as SUPPRESSION_ROUTES
 from webhooks.outbound.api import ROUTES as OUTBOUND_ROUTES
 
@@ -88,6 +90,7 @@ def route_handlers(providers: Sequence[Registration] = PROVIDERS) -> list[Any]:
     ]
     handlers += OUTBOUND_ROUTES
     handlers.append(DeadLetterController)
+    handlers += [ReputationController, stale_report_route]
     # The operator console (HTML, outside the OpenAPI document).
     handlers.append(console_router())
     return handlers

@@ -1,5 +1,5 @@
 """The `gateway` command: serve, worker, migrate, openapi, keys, suppressions, dlq, events,
-webhooks."""
+webhooks, report."""
 
 from __future__ import annotations
 
@@ -491,6 +491,52 @@ def _dlq_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     dlq.set_defaults(func=cmd_dlq)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """`gateway report stale`: the stale report (same content as GET /v1/reports/stale)."""
+    from gateway.reports import print_report, stale_report
+    from gateway.runtime import prepare, services_for
+
+    settings = _settings()
+    _logging(settings)
+    services = services_for(prepare(settings))
+    hours = args.hours if args.hours is not None else settings.stale_report_hours
+
+    async def run() -> int:
+        try:
+            report = await stale_report(services.engine, hours=hours, limit=args.limit)
+        finally:
+            await services.close()
+        print_report(report, sys.stdout, as_json=args.json)
+        return 0
+
+    return asyncio.run(run())
+
+
+def _positive_hours(value: str) -> float:
+    """argparse type: a number of hours above 0."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 0 < number <= 24 * 366:
+        raise argparse.ArgumentTypeError(f"must be in (0, 8784]: {value!r}")
+    return number
+
+
+def _report_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    report = sub.add_parser("report", help="operator reports (stale deliveries and events)")
+    rsub = report.add_subparsers(dest="action", required=True)
+    stale = rsub.add_parser(
+        "stale", help="deliveries without a final callback and parked events, past N hours"
+    )
+    stale.add_argument(
+        "--hours", type=_positive_hours, default=None, help="default GATEWAY_STALE_REPORT_HOURS"
+    )
+    stale.add_argument("--limit", type=_positive_int, default=10, help="examples per part")
+    stale.add_argument("--json", action="store_true", help="one JSON document instead of tables")
+    report.set_defaults(func=cmd_report)
+
+
 def cmd_events(args: argparse.Namespace) -> int:
     """`gateway events tail`: print the event feed as JSON Lines, following it."""
     from gateway.runtime import prepare, services_for
@@ -673,6 +719,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     rot.add_argument("--batch-size", type=int, default=500)
     rot.set_defaults(func=cmd_rotate_encryption)
+    _report_parser(sub)
     if argv and argv[0] in _LIGHT_COMMANDS:
         sub.add_parser("suppressions", help="manage the suppression list")
         sub.add_parser("dlq", help="inspect and resolve the dead-letter queue")

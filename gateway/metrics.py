@@ -135,12 +135,22 @@ def multiprocess() -> bool:
 
 async def reputation_rates(services: Services, conn: Pg) -> Iterable[tuple[str, str, float]]:
     """HOOK (reputation guard): the rolling rates per sender identity, as
-    (identity, kind, ratio 0..1) with kind `bounce` or `complaint` (email identity or
-    configuration set) and `failure` or `opt_out` (SMS sender). Rendered as
-    `gateway_reputation_ratio{identity,kind}`. The reputation package computes them from
-    the database; until it is wired here this yields nothing (the family is still
-    declared). Called once per scrape with the scrape's connection."""
-    return ()
+    (identity, kind, ratio 0..1) with kind `bounce` or `complaint` (email: From domain) and
+    `failure` or `opt_out` (SMS sender). Rendered as `gateway_reputation_ratio{identity,kind}`.
+    Read from `reputation_states`, which the worker's evaluation writes (sender.reputation),
+    so every process reports the same figures. Called once per scrape with its connection."""
+    from sender.reputation import metric_ratios
+
+    return await metric_ratios(conn)
+
+
+async def reputation_states(services: Services, conn: Pg) -> Iterable[tuple[str, str]]:
+    """(identity, state) per sender identity, rendered as
+    `gateway_reputation_state{identity,state}` (1 for the current state: `ok`,
+    `marketing_paused`, `all_paused`, else 0). Called once per scrape."""
+    from sender.reputation import metric_states
+
+    return await metric_states(conn)
 
 
 async def outbound_backlog(services: Services, conn: Pg) -> int | None:
@@ -177,6 +187,7 @@ async def database_families(services: Services, *, now: dt.datetime | None = Non
             queue = await delivery_log.queue_stats(conn, now=now)
             dead = await open_depth_by_reason(conn)
             rates = list(await reputation_rates(services, conn))
+            standings = list(await reputation_states(services, conn))
             backlog = await outbound_backlog(services, conn)
     except Exception as exc:
         log.warning("metrics: database families unavailable (%s)", type(exc).__name__)
@@ -186,6 +197,7 @@ async def database_families(services: Services, *, now: dt.datetime | None = Non
         ok.add_metric([], 1)
         families += [ok, *_queue_families(queue, now), _dlq_family(dead)]
         families += _reputation_families(rates, backlog)
+        families.append(_reputation_state_family(standings))
     breaker = GaugeMetricFamily(
         "gateway_circuit_breaker_state",
         "1 for each provider's current circuit state (closed, open, half_open), else 0.",
@@ -261,6 +273,20 @@ def _reputation_families(
     if backlog is not None:
         outbound.add_metric([], backlog)
     return [ratio, outbound]
+
+
+def _reputation_state_family(standings: Sequence[tuple[str, str]]) -> Metric:
+    from sender.reputation import STATES
+
+    family = GaugeMetricFamily(
+        "gateway_reputation_state",
+        "1 for each sender identity's current reputation guard state, else 0.",
+        labels=["identity", "state"],
+    )
+    for identity, current in standings:
+        for state in STATES:
+            family.add_metric([identity, state], 1.0 if state == current else 0.0)
+    return family
 
 
 class _Families(Collector):

@@ -36,6 +36,7 @@ from sender.mailbox_api import MailboxContext
 from sender.providers.base import Provider
 from sender.providers.sandbox import FeedbackRunner, SandboxEmailProvider, SandboxSmsProvider
 from sender.providers.spec import ProviderContext
+from sender.reputation import ReputationGuard, uncounted_hashes
 from sender.service import SendService
 from suppression.api import SuppressionContext
 from suppression.crypto import AddressProtector
@@ -82,6 +83,9 @@ class Services:
     campaigns: CampaignService
     # Outbound webhooks: push client, pusher, endpoint operations, event feed adapter.
     outbound: Outbound
+    # The reputation guard: the send path's view of paused identities, the worker's
+    # evaluation, `GET /v1/reputation` and the metrics (`reputation.current()`).
+    reputation: ReputationGuard
     # The sandbox mailbox's store and channels; None when no provider is the sandbox.
     sandbox_mailbox: MailboxContext | None = None
     # httpx transport for SNS SubscribeURL confirmations (tests inject one); None = network.
@@ -182,6 +186,7 @@ def build_services(
         delay=settings.sandbox_feedback_delay_seconds,
         store=mailbox if sandbox_channels else None,
     )
+    reputation = ReputationGuard(engine, settings.reputation, uncounted=uncounted_hashes(protector))
     dispatcher = Dispatcher(
         engine=engine,
         protector=protector,
@@ -191,6 +196,7 @@ def build_services(
         breaker=breaker,
         on_parked=ingestor.apply_parked_for_delivery,
         on_unknown_outcome=ingestor.apply_parked_for_delivery,
+        reputation=reputation,
     )
     # retry: wakes this process's worker lanes (and, by NOTIFY, other processes') when an
     # asynchronous acceptance queued deliveries due now.
@@ -238,6 +244,7 @@ def build_services(
             if r.feedback is not None and r.feedback.build_verifier is not None
         },
         outbound=outbound,
+        reputation=reputation,
         sandbox_mailbox=(
             MailboxContext(mailbox, runner, sandbox_channels) if sandbox_channels else None
         ),
@@ -253,6 +260,7 @@ def build_services(
     )
     services.closers.append(send_service.close)
     services.closers.append(outbound.client.close)
+    services.closers.append(reputation.close)
     return services
 
 
@@ -326,6 +334,7 @@ def _sender_config(settings: Settings) -> SenderConfig:
         default_region=settings.default_region,
         email_from=settings.email_from,
         sms_from=settings.sms_from,
+        sms_service=settings.twilio_messaging_service_sid,
         retry=settings.retry,
         error_overrides=settings.send_error_overrides,
         concurrency=settings.send_concurrency,

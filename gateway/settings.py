@@ -31,6 +31,7 @@ from retry.settings import UNKNOWN_OUTCOME_POLICIES, parse_policies, parse_rate_
 from retry.settings import RetrySettings as RetrySettings  # re-exported: gateway.settings API
 from sender.classify import parse_overrides
 from sender.providers.spec import SettingError
+from sender.reputation import ReputationSettings, Thresholds
 from webhooks.outbound.settings import OutboundSettings as OutboundSettings  # re-exported
 from webhooks.outbound.settings import parse_retry_schedule
 from webhooks.settings import WebhookSettings as WebhookSettings  # re-exported
@@ -126,6 +127,11 @@ class Settings:
     # how often an idle expansion job looks for work.
     campaign_batch: int = 5000
     campaign_poll_seconds: float = 1.0
+    # The reputation guard (GATEWAY_REPUTATION_*, sender.reputation).
+    reputation: ReputationSettings = field(default_factory=ReputationSettings)
+    # GATEWAY_STALE_REPORT_HOURS: how long a delivery may wait for its final callback (and a
+    # parked event for its delivery) before the stale report lists it.
+    stale_report_hours: float = 72.0
     # The settings registered providers declare (`SendSpec.settings`), as set: a provider
     # added in gateway/providers.py reads its own from here (`ProviderContext.env`).
     provider_env: Mapping[str, str] = field(default_factory=dict)
@@ -326,6 +332,50 @@ def _webhooks(env: Mapping[str, str]) -> WebhookSettings:
     )
 
 
+def _percent(env: Mapping[str, str], name: str, default: float) -> float:
+    value = _number(env, name, default, float, 0.0)
+    if not 0.0 < value <= 100.0:
+        raise SettingsError(name, f"must be a percentage in (0, 100] (got {value!r})")
+    return value
+
+
+def _thresholds(
+    env: Mapping[str, str], prefix: str, first: str, second: str, d: Thresholds
+) -> Thresholds:
+    names = (
+        f"{prefix}_{first}_PERCENT",
+        f"{prefix}_{second}_PERCENT",
+        f"{prefix}_{first}_PAUSE_ALL_PERCENT",
+        f"{prefix}_{second}_PAUSE_ALL_PERCENT",
+    )
+    t = Thresholds(
+        _percent(env, names[0], d.first_marketing),
+        _percent(env, names[1], d.second_marketing),
+        _percent(env, names[2], d.first_all),
+        _percent(env, names[3], d.second_all),
+    )
+    if t.first_all < t.first_marketing:
+        raise SettingsError(names[2], f"must be at least {names[0]} ({t.first_marketing})")
+    if t.second_all < t.second_marketing:
+        raise SettingsError(names[3], f"must be at least {names[1]} ({t.second_marketing})")
+    return t
+
+
+def _reputation(env: Mapping[str, str]) -> ReputationSettings:
+    d = ReputationSettings()
+    p = "GATEWAY_REPUTATION"
+    return ReputationSettings(
+        enabled=_bool(env, f"{p}_ENABLED", d.enabled),
+        window_hours=_number(env, f"{p}_WINDOW_HOURS", d.window_hours, float, 0.01),
+        min_sends=_number(env, f"{p}_MIN_SENDS", d.min_sends, int, 1),
+        email=_thresholds(env, p, "BOUNCE", "COMPLAINT", d.email),
+        sms=_thresholds(env, f"{p}_SMS", "FAILURE", "OPT_OUT", d.sms),
+        evaluate_seconds=_number(env, f"{p}_EVALUATE_SECONDS", d.evaluate_seconds, float, 1.0),
+        refresh_seconds=_number(env, f"{p}_REFRESH_SECONDS", d.refresh_seconds, float, 0.1),
+        resume_hours=_number(env, f"{p}_RESUME_HOURS", d.resume_hours, float, 0.01),
+    )
+
+
 def _outbound(env: Mapping[str, str], *, embedded: bool) -> OutboundSettings:
     d = OutboundSettings()
     ca_bundle = _str(env, "GATEWAY_WEBHOOK_CA_BUNDLE")
@@ -453,6 +503,8 @@ def load_settings(
         aws_region=_str(env, "AWS_REGION") or _str(env, "AWS_DEFAULT_REGION"),
         campaign_batch=_number(env, "GATEWAY_CAMPAIGN_BATCH", 5000, int, 1),
         campaign_poll_seconds=_number(env, "GATEWAY_CAMPAIGN_POLL_SECONDS", 1.0, float, 0.01),
+        reputation=_reputation(env),
+        stale_report_hours=_number(env, "GATEWAY_STALE_REPORT_HOURS", 72.0, float, 0.01),
         provider_env=provider_env(env, providers),
         event_retention_days=_number(env, "GATEWAY_EVENT_RETENTION_DAYS", 30, int, 1),
     )

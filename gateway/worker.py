@@ -48,7 +48,13 @@ def build_worker(services: Services) -> Worker:
         services.delivery_queue,
         services.dispatch,
         services.settings.retry,
-        maintenance=[services.ingestor.sweep_parked, event_pruner(services)],
+        # The reputation guard evaluates the window every GATEWAY_REPUTATION_EVALUATE_SECONDS
+        # (one process at a time: an advisory lock).
+        maintenance=[
+            services.ingestor.sweep_parked,
+            event_pruner(services),
+            services.reputation.maybe_evaluate,
+        ],
         wakeup=services.wakeup,
     )
 

@@ -62,6 +62,7 @@ from sender.classify import (
     classify,
 )
 from sender.providers.base import OutgoingMessage, Provider, scrub
+from sender.reputation import REASON_PREFIX, ReputationGuard, identity_of
 from suppression import service as suppression
 from suppression.crypto import AddressProtector
 from suppression.db import Pg, pg_connection, utcnow
@@ -149,6 +150,8 @@ class SenderConfig:
     default_region: str = "US"
     email_from: str = "gateway@example.com"
     sms_from: str | None = None
+    # GATEWAY_TWILIO_MESSAGING_SERVICE_SID: the SMS sending identity when there is no From.
+    sms_service: str | None = None
     retry: RetrySettings = field(default_factory=RetrySettings)
     # GATEWAY_SEND_ERROR_OVERRIDES, parsed: `<provider>:<code>` -> class.
     error_overrides: Mapping[str, str] = field(default_factory=dict)
@@ -191,6 +194,7 @@ class Dispatcher:
         breaker: Breaker | None = None,
         on_parked: OnParked | None = None,
         on_unknown_outcome: OnUnknownOutcome | None = None,
+        reputation: ReputationGuard | None = None,
         clock: Callable[[], dt.datetime] = utcnow,
     ) -> None:
         self.engine = engine
@@ -201,6 +205,7 @@ class Dispatcher:
         self.breaker = breaker
         self.on_parked = on_parked
         self.on_unknown_outcome = on_unknown_outcome
+        self.reputation = reputation
         self._clock = clock
 
     async def dispatch(self, delivery_id: uuid.UUID) -> str:
@@ -236,7 +241,7 @@ class Dispatcher:
             deferred = await self.gate(provider, message, delivery.priority)
             now = self._clock()
             if deferred is not None:
-                at = now + dt.timedelta(seconds=self.config.retry.defer_seconds)
+                at = self.defer_at(deferred, now)
                 status = await dlog.defer(conn, delivery.id, at=at, reason=deferred, now=now)
                 return status or st.QUEUED
             attempt_id = uuid.uuid4()
@@ -331,6 +336,23 @@ class Dispatcher:
             return st.DEAD
         return None
 
+    def identity(self, channel: str, sender: str | None) -> str | None:
+        """The sending identity of a message from `sender` (its `from`, or None for the
+        configured default) on `channel`: what the reputation guard counts it under."""
+        if sender is None:
+            sender = self.config.email_from if channel == "email" else self.config.sms_from
+        if sender is None and channel == "sms":
+            sender = self.config.sms_service
+        return identity_of(channel, sender)
+
+    def defer_at(self, reason: str, now: dt.datetime) -> dt.datetime:
+        """When a delivery deferred for `reason` is due again: a reputation pause lasts at
+        least until the next evaluation, other deferrals GATEWAY_RETRY_DEFER_SECONDS."""
+        seconds = self.config.retry.defer_seconds
+        if self.reputation is not None and reason.startswith(REASON_PREFIX):
+            seconds = max(seconds, self.reputation.settings.evaluate_seconds)
+        return now + dt.timedelta(seconds=seconds)
+
     def outgoing(
         self,
         *,
@@ -405,16 +427,27 @@ class Dispatcher:
         When the limiter's or the breaker's shared state (Redis) does not answer, every
         message not yet granted is deferred with `UNAVAILABLE_REASON` (see retry.shared)."""
         verdicts: list[str | None] = [None] * len(messages)
+        if self.reputation is not None:
+            # First, so that a paused send spends no rate-limit token (an in-process view:
+            # no round trip, see sender.reputation).
+            for i, message in enumerate(messages):
+                verdicts[i] = await self.reputation.verdict(
+                    self.identity(message.channel, message.sender), message.category
+                )
         # Messages whose verdict is not known yet (all of them until the limiter answers).
-        pending = set(range(len(messages)))
+        pending = {i for i, v in enumerate(verdicts) if v is None}
+        if not pending:
+            return verdicts
         try:
             if self.breaker is not None and not await self.breaker.allow(provider.name):
-                return [f"deferred: {provider.name} circuit open"] * len(messages)
+                circuit = f"deferred: {provider.name} circuit open"
+                return [v or circuit for v in verdicts]
             if self.limiter is None:
                 return verdicts
             by_key: dict[str, list[int]] = {}
             for i, message in enumerate(messages):
-                by_key.setdefault(provider.limiter_key(message), []).append(i)
+                if i in pending:
+                    by_key.setdefault(provider.limiter_key(message), []).append(i)
             for key, indexes in by_key.items():
                 granted = await self.limiter.acquire_many(key, priority, len(indexes))
                 if granted:

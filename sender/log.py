@@ -150,6 +150,8 @@ class NewMessage:
     expires_at: dt.datetime | None
     content_encrypted: str
     metadata: dict[str, Any]
+    # Stored on each delivery: what the reputation guard counts it under.
+    sender_identity: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +204,7 @@ WITH hits AS ({_HITS}), m AS (
     INSERT INTO deliveries (id, message_id, position, channel, recipient_hash,
         recipient_encrypted, derived_key, status, reason, suppression_id, provider,
         category, topic, priority_rank, expires_at, attempts, next_attempt_at,
-        created_at, updated_at, deferred_since)
+        created_at, updated_at, deferred_since, sender_identity)
     SELECT u.id, m.id, u.position, $5, u.hash, u.enc, u.key,
         CASE WHEN h.id IS NULL THEN u.status ELSE 'suppressed' END,
         CASE WHEN h.id IS NULL THEN u.reason ELSE h.reason END,
@@ -212,7 +214,8 @@ WITH hits AS ({_HITS}), m AS (
         CASE WHEN h.id IS NULL AND u.aid IS NOT NULL THEN 1 ELSE 0 END,
         CASE WHEN h.id IS NULL THEN u.next_at END,
         $12, $12,
-        CASE WHEN h.id IS NULL AND u.status = 'queued' THEN $12::timestamptz END
+        CASE WHEN h.id IS NULL AND u.status = 'queued' THEN $12::timestamptz END,
+        $27::text
     FROM m CROSS JOIN unnest($14::uuid[], $15::int2[], $16::text[], $17::text[],
         $18::text[], $19::text[], $20::text[], $21::text[], $22::uuid[], $23::timestamptz[])
         AS u(id, position, hash, enc, key, status, reason, provider, aid, next_at)
@@ -282,6 +285,7 @@ async def claim(
         suppression.scopes_for(message.category, message.topic),
         request_id,
         complete,
+        message.sender_identity,
     )
     if not rows:
         return None
@@ -1236,6 +1240,109 @@ async def any_unfinished(conn: Pg, message_id: uuid.UUID) -> bool:
         _UNFINISHED,
     )
     return bool(found)
+
+
+# -- the stale report (an operator's reconciliation) -----------------------------------------
+
+# Waiting for a provider's final word: accepted (`sent`), outcome unknown, or a call that
+# never recorded its outcome.
+STALE_STATUSES: tuple[str, ...] = (st.SENT, st.UNKNOWN, st.SENDING)
+
+
+@dataclass(frozen=True, slots=True)
+class StaleGroup:
+    """Deliveries of one provider and status unchanged since before the cutoff."""
+
+    provider: str | None
+    status: str
+    count: int
+    oldest_updated_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class StaleDelivery:
+    """A stale delivery as the report shows it (ids and times; no recipient)."""
+
+    id: uuid.UUID
+    message_id: uuid.UUID
+    channel: str
+    provider: str | None
+    status: str
+    provider_message_id: str | None
+    attempts: int
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+async def stale_deliveries(
+    conn: Pg, *, before: dt.datetime, limit: int
+) -> tuple[list[StaleGroup], list[StaleDelivery]]:
+    """Deliveries still `sent`, `unknown` or `sending` whose last change is older than
+    `before` (no final callback came): counts per (provider, status) with the oldest, and the
+    `limit` oldest deliveries. An operator report, not a hot path: it reads every delivery
+    created before the cutoff (the status filter has no index on purpose: one on the send
+    path's most updated column would cost every status change)."""
+    statuses = list(STALE_STATUSES)
+    groups = await conn.fetch(
+        "SELECT provider, status, count(*), min(updated_at) FROM deliveries "
+        "WHERE status = ANY($1::text[]) AND updated_at < $2 AND created_at < $2 "
+        "GROUP BY provider, status ORDER BY provider NULLS LAST, status",
+        statuses,
+        before,
+    )
+    rows = await conn.fetch(
+        "SELECT id, message_id, channel, provider, status, provider_message_id, attempts, "
+        "created_at, updated_at FROM deliveries "
+        "WHERE status = ANY($1::text[]) AND updated_at < $2 AND created_at < $2 "
+        "ORDER BY updated_at, id LIMIT $3",
+        statuses,
+        before,
+        limit,
+    )
+    return [StaleGroup(*g) for g in groups], [StaleDelivery(*r) for r in rows]
+
+
+# -- the reputation guard's counts (sender.reputation decides with them) ----------------------
+
+# One pass over the window's deliveries (BRIN on created_at), grouped per sending identity.
+# The attempts of a delivery are looked at only when it ended bounced/complained/failed (the
+# LATERAL's condition is a one-time filter per row): their error codes tell SES's own
+# suppressions ($2) and Twilio opt-outs ($3) apart. See sender.reputation for what counts.
+_IDENTITY_COUNTS = """
+SELECT d.sender_identity AS identity, min(d.channel) AS channel,
+    count(*) FILTER (WHERE d.provider_message_id IS NOT NULL OR f.opt_out) AS sends,
+    count(*) FILTER (WHERE d.channel = 'email' AND d.status = 'bounced'
+                      AND NOT f.ses_suppressed)
+  + count(*) FILTER (WHERE d.channel = 'sms' AND d.status = 'failed'
+                      AND d.provider_message_id IS NOT NULL AND NOT f.opt_out) AS bounces,
+    count(*) FILTER (WHERE d.channel = 'email' AND d.status = 'complained'
+                      AND NOT f.ses_suppressed)
+  + count(*) FILTER (WHERE d.channel = 'sms' AND f.opt_out) AS complaints
+FROM deliveries d
+CROSS JOIN LATERAL (
+    SELECT COALESCE(bool_or(a.error_code = $2), false) AS ses_suppressed,
+           COALESCE(bool_or(a.error_code = $3), false) AS opt_out
+    FROM attempts a
+    WHERE a.delivery_id = d.id AND d.status IN ('bounced', 'complained', 'failed')
+) f
+WHERE d.created_at >= $1 AND d.sender_identity IS NOT NULL
+  AND NOT (d.recipient_hash = ANY($4::text[]))
+GROUP BY d.sender_identity
+"""
+
+
+async def identity_counts(
+    conn: Pg, *, since: dt.datetime, ses_suppressed: str, opt_out: str, uncounted: Sequence[str]
+) -> list[Any]:
+    """Per sending identity, over the deliveries created since `since`: `identity`,
+    `channel`, `sends`, `bounces` (SMS: failures) and `complaints` (SMS: opt-outs), leaving
+    out bounces and complaints whose attempt carries the error code `ses_suppressed`, and
+    counting attempts with `opt_out` as SMS opt-outs, and leaving out deliveries to the
+    recipient hashes `uncounted` (see sender.reputation)."""
+    rows: list[Any] = await conn.fetch(
+        _IDENTITY_COUNTS, since, ses_suppressed, opt_out, list(uncounted)
+    )
+    return rows
 
 
 # -- operator console reads (gateway.console) ---------------------------------------------------

@@ -74,8 +74,9 @@ class Delivery(Base):
             postgresql_where=text("next_attempt_at IS NOT NULL"),
         ),
         Index("ix_deliveries_recipient_hash", "channel", "recipient_hash"),
-        # Time windows (the console's overview): BRIN, a few pages for the whole table and
-        # next to nothing per insert, since rows arrive in creation order.
+        # Time windows (the console's overview, the reputation guard's window, the stale
+        # report): BRIN, a few pages for the whole table and next to nothing per insert,
+        # since rows arrive in creation order.
         Index("ix_deliveries_created_brin", "created_at", postgresql_using="brin"),
     )
 
@@ -111,6 +112,9 @@ class Delivery(Base):
     # rate limit or an open circuit, paused by an account-level error); NULL once a call was
     # answered. Bounds such waits by GATEWAY_RETRY_MAX_DEFERRAL_SECONDS.
     deferred_since: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    # The sending identity the reputation guard counts this delivery under: the From domain
+    # of an email, the From number or Messaging Service SID of an SMS (sender.reputation).
+    sender_identity: Mapped[str | None] = mapped_column(String(255))
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, onupdate=utcnow
@@ -267,6 +271,49 @@ class CampaignRecipient(Base):
     recipient_encrypted: Mapped[str | None] = mapped_column(Text)
     derived_key: Mapped[str] = mapped_column(String(64))
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONB)
+class ReputationState(Base):
+    """The reputation guard's verdict per sending identity (every statement on it lives in
+    `sender/reputation.py`): the counts of the last evaluation, the state and since when,
+    and an operator's resume (which holds until the rates fall back or `hold_until`)."""
+
+    __tablename__ = "reputation_states"
+
+    identity: Mapped[str] = mapped_column(String(255), primary_key=True)
+    channel: Mapped[str] = mapped_column(String(16))
+    # ok | marketing_paused | all_paused
+    state: Mapped[str] = mapped_column(String(24))
+    since: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    # Counts over the window at the last evaluation. Email: bounces and complaints as SES
+    # counts them; SMS: failures (in `bounces`) and opt-outs (in `complaints`).
+    sends: Mapped[int] = mapped_column(Integer, default=0)
+    bounces: Mapped[int] = mapped_column(Integer, default=0)
+    complaints: Mapped[int] = mapped_column(Integer, default=0)
+    evaluated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    # An operator's resume: pauses up to this level (1 marketing, 2 all) are not applied
+    # until the rates fall back under the thresholds or `hold_until` passes.
+    hold_level: Mapped[int] = mapped_column(SmallInteger, default=0)
+    hold_until: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    resumed_by: Mapped[str | None] = mapped_column(Text)
+    resumed_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    resume_reason: Mapped[str | None] = mapped_column(Text)
+
+
+class ReputationHistory(Base):
+    """Append-only: every change of an identity's reputation state, by the guard or an
+    operator, with who, when, why and the rates it saw (`sender/reputation.py`)."""
+
+    __tablename__ = "reputation_history"
+    __table_args__ = (Index("ix_reputation_history_identity_at", "identity", "at"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    identity: Mapped[str] = mapped_column(String(255))
+    at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    # `guard` for an automatic change, else the operator (api_key:<id>, cli:<user>).
+    actor: Mapped[str] = mapped_column(Text)
+    from_state: Mapped[str | None] = mapped_column(String(24))
+    to_state: Mapped[str] = mapped_column(String(24))
+    reason: Mapped[str] = mapped_column(Text)
+    details: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
 
 
 class Event(Base):

@@ -170,12 +170,12 @@ class SendService:
             expires_at=request.expires_at,
             content_encrypted=protector.encrypt(json.dumps(content)),
             metadata=request.metadata or {},
+            sender_identity=self.dispatcher.identity(channel, content.get("from")),
         )
         hashes = [protector.hash(channel, r.address.key) for r in recipients]
         provider = self.dispatcher.providers.get(channel)
         if prefer_async or (self.config.marketing_async and request.category == "marketing"):
             return await self._accept(message, recipients, hashes, provider is not None, now)
-        defer_at = now + dt.timedelta(seconds=self.config.retry.defer_seconds)
         safety_net = now + dt.timedelta(seconds=self.config.retry.stale_in_progress_seconds)
         ids = [uuid.uuid4() for _ in recipients]
         keys = [
@@ -228,8 +228,9 @@ class SendService:
                         next_attempt_at=safety_net,
                     )
                 )
-            elif deferred[i] is not None:
-                news.append(new(status=st.QUEUED, reason=deferred[i], next_attempt_at=defer_at))
+            elif (reason := deferred[i]) is not None:
+                at = self.dispatcher.defer_at(reason, now)
+                news.append(new(status=st.QUEUED, reason=reason, next_attempt_at=at))
             else:
                 call = Call(
                     delivery_id=ids[i],

@@ -17,8 +17,9 @@ import yaml
 from gateway.keys import SCOPES
 from retry import dlq
 from retry.breaker import STATES as BREAKER_STATES
-from sender import campaigns, events, schemas
+from sender import campaigns, events, reputation, schemas
 from sender import status as st
+from sender.reputation_api import ReputationStateName
 from suppression import service, views
 from suppression.normalize import CHANNELS
 from webhooks.outbound import api as outbound_api
@@ -46,6 +47,7 @@ ENUMS: dict[str, tuple[tuple[str, ...], Any]] = {
     "dead-letter state": (dlq.STATES, None),
     "breaker state": (BREAKER_STATES, None),
     "readiness status": (("ready", "degraded", "unready"), None),
+    "reputation state": (reputation.STATES, ReputationStateName),
     "webhook delivery status": (
         outbound_store.DELIVERY_STATUSES,
         outbound_api.DeliveryStatusName,
@@ -77,6 +79,7 @@ OPENAPI_FIELDS: dict[tuple[str, str], str] = {
     ("EntryView", "source_type"): "source type",
     ("HistoryView", "action"): "history action",
     ("HistoryView", "source_type"): "source type",
+    ("ReputationView", "state"): "reputation state",
     ("WebhookAttemptView", "delivery_status"): "webhook delivery status",
     ("WebhookEndpointView", "disabled_reason"): "webhook endpoint disabled reason",
     ("EventItem", "type"): "event type",

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from email.utils import parseaddr
 from typing import Any
 
+from sender.reputation import SES_ACCOUNT_SUPPRESSED
 from suppression.normalize import Address, InvalidAddress, normalize
 
 SES = "ses"
@@ -52,8 +53,16 @@ class FeedbackEvent:
 
     @property
     def error_code(self) -> str | None:
-        """The provider error code or SMTP status carried by the event, if any."""
-        value = self.details.get("error_code") or self.details.get("status")
+        """The provider error code or SMTP status carried by the event, if any.
+
+        A bounce or complaint SES produced itself because the address is on the account's
+        suppression list gives its subtype instead: SES does not count those toward the
+        bounce and complaint rates, and the reputation guard (sender.reputation) tells them
+        apart by this code on the attempt."""
+        d = self.details
+        if SES_ACCOUNT_SUPPRESSED in (d.get("bounce_subtype"), d.get("complaint_subtype")):
+            return SES_ACCOUNT_SUPPRESSED
+        value = d.get("error_code") or d.get("status")
         return str(value) if value else None
 
 

@@ -321,3 +321,51 @@ async def count_soft_bounces(
     """
     count = await conn.fetchval(_SOFT_BOUNCES, recipient_hash, since, pending)
     return int(count or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class StaleGroup:
+    """Parked events of one provider and event type older than the cutoff."""
+
+    provider: str
+    event_type: str
+    count: int
+    oldest_received_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class StaleParked:
+    """A parked event as the stale report shows it (no recipient, no payload)."""
+
+    id: uuid.UUID
+    provider: str
+    event_type: str
+    provider_message_id: str | None
+    delivery_id: uuid.UUID | None
+    occurred_at: dt.datetime | None
+    received_at: dt.datetime
+
+
+async def stale_parked(
+    conn: Pg, *, before: dt.datetime, limit: int
+) -> tuple[list[StaleGroup], list[StaleParked]]:
+    """Events still parked (never matched to a delivery, or never applied) that arrived
+    before `before`: counts per (provider, event type) with the oldest arrival, and the
+    `limit` oldest events (an operator report: the partial index of parked events serves
+    both statements)."""
+    groups = await conn.fetch(
+        "SELECT provider, event_type, count(*), min(received_at) FROM provider_events "
+        "WHERE disposition = $1 AND received_at < $2 GROUP BY provider, event_type "
+        "ORDER BY provider, event_type",
+        PARKED,
+        before,
+    )
+    rows = await conn.fetch(
+        "SELECT id, provider, event_type, provider_message_id, delivery_id, occurred_at, "
+        "received_at FROM provider_events WHERE disposition = $1 AND received_at < $2 "
+        "ORDER BY received_at, id LIMIT $3",
+        PARKED,
+        before,
+        limit,
+    )
+    return [StaleGroup(*g) for g in groups], [StaleParked(*r) for r in rows]

@@ -46,6 +46,9 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("GET", "/v1/subjects/sms/+15005550006", None),
     ("GET", "/v1/dlq", None),
     ("POST", "/v1/keys", {"scopes": ["read"], "name": "x"}),
+    ("GET", "/v1/reputation", None),
+    ("POST", "/v1/reputation/example.com/resume", {"reason": "drill"}),
+    ("GET", "/v1/reports/stale", None),
 ]
 
 
