@@ -64,15 +64,15 @@ MetadataKey = str
 MetadataValue = str
 
 
-class SendMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Body of `POST /v1/messages`.
+class MessageContent(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The content and options of a message: `POST /v1/messages` without `to`, which is the
+    body of `POST /v1/campaigns` as it stands (see `SendMessage`, `CreateCampaign`).
 
     No field may hold NUL, another C0 control character or a lone surrogate; tab and line
     breaks only in `text`, `html` and `body` (422 otherwise).
     """
 
     channel: Channel
-    to: Annotated[list[Address], msgspec.Meta(min_length=1, max_length=MAX_RECIPIENTS)]
     from_: Annotated[str, msgspec.Meta(max_length=MAX_FROM)] | None = msgspec.field(
         default=None, name="from"
     )
@@ -91,6 +91,12 @@ class SendMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         Annotated[dict[MetadataKey, MetadataValue], msgspec.Meta(max_length=MAX_METADATA_KEYS)]
         | None
     ) = None
+
+
+class SendMessage(MessageContent, forbid_unknown_fields=True, kw_only=True):
+    """Body of `POST /v1/messages`: the content and options (`MessageContent`) and `to`."""
+
+    to: Annotated[list[Address], msgspec.Meta(min_length=1, max_length=MAX_RECIPIENTS)]
 
 
 class DeliveryAnswer(msgspec.Struct, kw_only=True):
@@ -224,33 +230,10 @@ class MessagePage(msgspec.Struct, kw_only=True):
 CampaignStateName = Literal["draft", "expanding", "sending", "done", "cancelled"]
 
 
-class CreateCampaign(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class CreateCampaign(MessageContent, forbid_unknown_fields=True, kw_only=True):
     """Body of `POST /v1/campaigns`: the content and options of `POST /v1/messages` without
-    `to` (the recipients come with `PUT /v1/campaigns/{id}/recipients`).
-
-    The same rules as for a message: no NUL, other C0 control character or lone surrogate;
-    tab and line breaks only in `text`, `html` and `body` (422 otherwise).
+    `to` (the recipients come with `PUT /v1/campaigns/{id}/recipients`), under the same rules.
     """
-
-    channel: Channel
-    from_: Annotated[str, msgspec.Meta(max_length=MAX_FROM)] | None = msgspec.field(
-        default=None, name="from"
-    )
-    subject: Annotated[str, msgspec.Meta(max_length=MAX_SUBJECT)] | None = None
-    text: Annotated[str, msgspec.Meta(max_length=MAX_EMAIL_PART)] | None = None
-    html: Annotated[str, msgspec.Meta(max_length=MAX_EMAIL_PART)] | None = None
-    reply_to: Annotated[list[Address], msgspec.Meta(max_length=MAX_REPLY_TO)] | Address | None = (
-        None
-    )
-    body: Annotated[str, msgspec.Meta(max_length=MAX_SMS_BODY)] | None = None
-    category: Category = "transactional"
-    topic: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TOPIC)] | None = None
-    priority: Priority = "normal"
-    expires_at: dt.datetime | None = None
-    metadata: (
-        Annotated[dict[MetadataKey, MetadataValue], msgspec.Meta(max_length=MAX_METADATA_KEYS)]
-        | None
-    ) = None
 
 
 class CampaignCreated(msgspec.Struct, kw_only=True):

@@ -53,11 +53,11 @@ from sender.schemas import (
     AttemptView,
     Category,
     Channel,
-    CreateCampaign,
     DeliveryAnswer,
     DeliveryStatusName,
     DeliveryView,
     EventView,
+    MessageContent,
     MessageCreated,
     MessageView,
     Priority,
@@ -75,7 +75,7 @@ log = logging.getLogger("gateway.sender")
 MAX_VIEW_DELIVERIES = 1000
 
 # A send request or a campaign: the content and options they share are checked alike.
-_Request = TypeVar("_Request", SendMessage, CreateCampaign)
+_Request = TypeVar("_Request", bound=MessageContent)
 
 # Reads the provider events recorded for deliveries (the webhooks package owns them; the
 # composition root hands this in): rows with id, delivery_id, provider, provider_event_id,
@@ -420,7 +420,7 @@ class SendService:
             )
         return result
 
-    def content_of(self, request: SendMessage | CreateCampaign) -> dict[str, Any]:
+    def content_of(self, request: MessageContent) -> dict[str, Any]:
         """The content of a send or a campaign, checked (422 `SendProblem` otherwise)."""
         return self._content(request)
 
@@ -429,7 +429,7 @@ class SendService:
         `expires_at` in UTC."""
         return self._check_rest(request, now)
 
-    def _content(self, request: SendMessage | CreateCampaign) -> dict[str, Any]:
+    def _content(self, request: MessageContent) -> dict[str, Any]:
         errors: list[dict[str, str]] = []
 
         def bad(field_name: str, problem: str) -> None:
