@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from retry import dlq
 from retry.queue import DeliveryQueue
-from suppression.api import SOME_TEXT
+from suppression.api import SOME_TEXT, cursor_parameter
 
 EntryState = Literal["open", "redriven", "discarded", "all"]
 
@@ -179,14 +179,7 @@ class DeadLetterController(Controller):
         until: dt.datetime | None = None,
         entry_state: Annotated[EntryState, QueryParameter(name="state")] = "open",
         limit: Annotated[int, Parameter(ge=1, le=500)] = 50,
-        cursor: Annotated[
-            str | None,
-            Parameter(
-                description="`next_cursor` of the previous page (opaque)",
-                max_length=MAX_CURSOR,
-                schema_extra=_TEXT,
-            ),
-        ] = None,
+        cursor: Annotated[str | None, cursor_parameter(MAX_CURSOR)] = None,
     ) -> DeadLetterPage:
         """Entries newest first. `state` defaults to `open` (unresolved)."""
         f = dlq.DeadLetterFilter(reason, channel, _aware(since), _aware(until), entry_state)

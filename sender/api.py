@@ -38,6 +38,7 @@ from sender.schemas import (
     SendMessage,
 )
 from sender.service import SendProblem, SendService
+from suppression.api import cursor_parameter
 from suppression.db import pg_of
 
 # An optional text parameter is stated as a plain string (not `oneOf` string/null), so that
@@ -292,14 +293,7 @@ class MessagesController(Controller):
         ] = None,
         since: dt.datetime | None = None,
         until: dt.datetime | None = None,
-        cursor: Annotated[
-            str | None,
-            Parameter(
-                description="`next_cursor` of the previous page (opaque)",
-                max_length=finder.MAX_CURSOR,
-                schema_extra=_TEXT,
-            ),
-        ] = None,
+        cursor: Annotated[str | None, cursor_parameter(finder.MAX_CURSOR)] = None,
         limit: Annotated[int, Parameter(ge=1, le=finder.MAX_LIMIT)] = finder.DEFAULT_LIMIT,
     ) -> MessagePage:
         """Find messages (see the route description)."""

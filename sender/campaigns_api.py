@@ -37,6 +37,7 @@ from sender.schemas import (
     RecipientsLoaded,
 )
 from sender.service import SendProblem
+from suppression.api import cursor_parameter
 from suppression.listing import InvalidCursor, decode_cursor, encode_cursor
 
 MAX_CURSOR = 200
@@ -305,14 +306,7 @@ class CampaignsController(Controller):
         request: Request[Any, Any, Any],
         campaigns: cp.CampaignService,
         limit: Annotated[int, Parameter(ge=1, le=MAX_LIMIT)] = 50,
-        cursor: Annotated[
-            str | None,
-            Parameter(
-                description="`next_cursor` of the previous page (opaque)",
-                max_length=MAX_CURSOR,
-                schema_extra={"one_of": None, "type": "string"},
-            ),
-        ] = None,
+        cursor: Annotated[str | None, cursor_parameter(MAX_CURSOR)] = None,
     ) -> CampaignPage:
         """The API key's own campaigns (admin keys: every one)."""
         client_id, see_all = _caller(request)

@@ -23,6 +23,7 @@ from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sender import events
+from suppression.api import cursor_parameter
 from suppression.crypto import AddressProtector
 from suppression.db import pg_connection
 
@@ -114,14 +115,7 @@ class EventsController(Controller):
         self,
         request: Request[Any, Any, Any],
         wiring: FeedWiring,
-        after: Annotated[
-            str | None,
-            Parameter(
-                description="`next_cursor` of the previous page (opaque)",
-                max_length=40,
-                schema_extra=_TEXT,
-            ),
-        ] = None,
+        after: Annotated[str | None, cursor_parameter(40)] = None,
         limit: Annotated[int, Parameter(ge=1, le=events.MAX_LIMIT)] = DEFAULT_LIMIT,
         types: Annotated[
             str | None,

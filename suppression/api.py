@@ -88,6 +88,17 @@ log = logging.getLogger("gateway.suppression")
 # `pattern=` itself, with a generic validation problem instead of the handler's own.
 
 
+def cursor_parameter(max_length: int) -> ParameterKwarg:
+    """The opaque page cursor of a list route (`cursor`, or the feed's `after`): the
+    `next_cursor` of the previous page, at most `max_length` characters."""
+    parameter: ParameterKwarg = Parameter(
+        description="`next_cursor` of the previous page (opaque)",
+        max_length=max_length,
+        schema_extra={"one_of": None, "type": "string"},
+    )
+    return parameter
+
+
 def _one_of(values: tuple[str, ...]) -> ParameterKwarg:
     """A text parameter or field that takes one of `values`."""
     extra = {"one_of": None, "type": "string", "enum": list(values)}
@@ -383,14 +394,7 @@ class SuppressionsController(Controller):
             ),
         ] = None,
         since: dt.datetime | None = None,
-        cursor: Annotated[
-            str | None,
-            Parameter(
-                description="`next_cursor` of the previous page (opaque)",
-                max_length=MAX_CURSOR,
-                schema_extra={"one_of": None, "type": "string"},
-            ),
-        ] = None,
+        cursor: Annotated[str | None, cursor_parameter(MAX_CURSOR)] = None,
         limit: Annotated[int, Parameter(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
     ) -> SuppressionPage:
         """Entries oldest first, filtered by channel, reason, scope and creation time."""
