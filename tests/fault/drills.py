@@ -631,7 +631,7 @@ async def slow_provider_drill(
             notes["in_flight_when_webhook_answered"] = stub.in_flight
             await load
             notes["max_in_flight"] = stub.max_in_flight
-            notes["idle_in_transaction"] = idle_in_tx
+            notes["idle_in_transaction"] = len(idle_in_tx)
             await asyncio.to_thread(wait_settled, database_url)
             problems = check_invariants(database_url, record, stub)
             if stub.max_in_flight <= 3:
@@ -640,7 +640,12 @@ async def slow_provider_drill(
                     "of the pool (2 + 1 overflow) seem held across calls"
                 )
             if idle_in_tx:
-                problems.append(f"{idle_in_tx} sessions idle in a transaction during calls")
+                # Failed once in a full CI run (2 sessions) and not in 12 runs alone: the
+                # statements say whose transaction it was.
+                problems.append(
+                    f"{len(idle_in_tx)} sessions idle in a transaction during calls: "
+                    + "; ".join(idle_in_tx)
+                )
             if notes["in_flight_when_webhook_answered"] == 0:
                 problems.append("the webhook was answered only after the provider calls ended")
             if not record.stored_callbacks:
@@ -652,17 +657,19 @@ async def slow_provider_drill(
     return Outcome(record, problems, notes)
 
 
-def _idle_in_transaction(database_url: str) -> int:
+def _idle_in_transaction(database_url: str) -> list[str]:
+    """The sessions idle in a transaction now: their last statement and for how long."""
     engine = _sync_engine(database_url)
     try:
         with engine.connect() as conn:
-            n: int = conn.execute(
+            rows = conn.execute(
                 text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    "SELECT left(query, 200), now() - state_change FROM pg_stat_activity"
+                    " WHERE datname = current_database()"
                     " AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()"
                 )
-            ).scalar_one()
-            return n
+            ).all()
+            return [f"{query!r} idle for {idle}" for query, idle in rows]
     finally:
         engine.dispose()
 
