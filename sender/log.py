@@ -292,6 +292,125 @@ async def claim(
     return {r["id"]: (r["status"], r["reason"], r["scope"]) for r in rows}
 
 
+# (status, reason, suppression scope) of each delivery a claim wrote, by delivery id.
+Verdicts = dict[uuid.UUID, tuple[str, str | None, str | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedClaim:
+    """One asynchronous acceptance for `claim_queued`: a message and its deliveries, each
+    `queued` (with its `reason` and `next_attempt_at`) unless its verdict suppresses it."""
+
+    message: NewMessage
+    deliveries: Sequence[NewDelivery]
+    priority_rank: int
+    now: dt.datetime
+    request_id: str | None = None
+
+
+_VERDICT = suppression.verdict_sql(
+    channel="mu.channel",
+    address_hash="u.hash",
+    scopes="ARRAY['all', mu.topic_scope]",
+    now="mu.at",
+)
+
+# `claim(..., complete=True)` for many messages at once: the same rows, one statement. A
+# message whose (client, Idempotency-Key) exists already (or repeats an earlier one of the
+# same batch) inserts nothing, and its deliveries are not written either. Messages are
+# inserted in key order, so two batches waiting on each other's keys cannot deadlock.
+_CLAIM_QUEUED = f"""
+WITH mu AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[],
+        $6::text[], $7::text[], $8::text[], $9::timestamptz[], $10::text[], $11::text[],
+        $12::timestamptz[], $13::int2[], $14::text[], $15::text[], $16::text[])
+        WITH ORDINALITY AS mu(id, client_id, idempotency_key, fingerprint, channel, category,
+            topic, priority, expires_at, content, metadata, at, rank, request_id, identity,
+            topic_scope, ord)
+), du AS (
+    SELECT u.*, mu.id AS message_id, s.id AS sid, s.reason AS sreason, s.scope AS sscope
+    FROM unnest($17::int8[], $18::uuid[], $19::int2[], $20::text[], $21::text[], $22::text[],
+        $23::text[], $24::timestamptz[]) AS u(ord, id, position, hash, enc, key, reason, next_at)
+    JOIN mu ON mu.ord = u.ord
+    LEFT JOIN LATERAL ({_VERDICT}) AS s ON true
+), m AS (
+    INSERT INTO messages (id, client_id, idempotency_key, fingerprint, state, channel,
+        category, topic, priority, expires_at, content_encrypted, metadata, created_at,
+        request_id, response_code, completed_at, first_answers)
+    SELECT mu.id, mu.client_id, mu.idempotency_key, mu.fingerprint, 'completed', mu.channel,
+        mu.category, mu.topic, mu.priority, mu.expires_at, mu.content, mu.metadata::jsonb,
+        mu.at, mu.request_id, 202, mu.at,
+        (SELECT jsonb_agg(jsonb_build_object('id', du.id,
+            'status', CASE WHEN du.sid IS NULL THEN 'queued' ELSE 'suppressed' END,
+            'reason', CASE WHEN du.sid IS NULL THEN du.reason ELSE du.sreason END)
+            ORDER BY du.position) FROM du WHERE du.ord = mu.ord)
+    FROM mu ORDER BY mu.client_id, mu.idempotency_key
+    ON CONFLICT ON CONSTRAINT uq_messages_client_idempotency_key DO NOTHING
+    RETURNING id
+), d AS (
+    INSERT INTO deliveries (id, message_id, position, channel, recipient_hash,
+        recipient_encrypted, derived_key, status, reason, suppression_id, provider,
+        category, topic, priority_rank, expires_at, attempts, next_attempt_at,
+        created_at, updated_at, deferred_since, sender_identity)
+    SELECT du.id, du.message_id, du.position, mu.channel, du.hash, du.enc, du.key,
+        CASE WHEN du.sid IS NULL THEN 'queued' ELSE 'suppressed' END,
+        CASE WHEN du.sid IS NULL THEN du.reason ELSE du.sreason END,
+        du.sid, NULL, mu.category, mu.topic, mu.rank, mu.expires_at, 0,
+        CASE WHEN du.sid IS NULL THEN du.next_at END,
+        mu.at, mu.at, CASE WHEN du.sid IS NULL THEN mu.at END, mu.identity
+    FROM du JOIN mu ON mu.ord = du.ord JOIN m ON m.id = du.message_id
+    RETURNING id, status, reason
+)
+SELECT du.ord, d.id, d.status, d.reason, du.sscope FROM d JOIN du ON du.id = d.id
+"""
+
+
+async def claim_queued(conn: Pg, claims: Sequence[QueuedClaim]) -> list[Verdicts | None]:
+    """`claim(..., complete=True)` for several asynchronous acceptances in one statement (one
+    round trip and one commit for all of them): each message is stored `completed` with its
+    202 answer, each delivery `queued` or `suppressed` by its verdict.
+
+    Returns, in the order of `claims`, each one's verdicts, or None when its (client,
+    Idempotency-Key) existed already (or an earlier claim of the same call had it): nothing
+    of it was written. Every delivery must be `queued` without an attempt.
+    """
+    messages = [c.message for c in claims]
+    rows = await conn.fetch(
+        _CLAIM_QUEUED,
+        [m.id for m in messages],
+        [m.client_id for m in messages],
+        [m.idempotency_key for m in messages],
+        [m.fingerprint for m in messages],
+        [m.channel for m in messages],
+        [m.category for m in messages],
+        [m.topic for m in messages],
+        [m.priority for m in messages],
+        [m.expires_at for m in messages],
+        [m.content_encrypted for m in messages],
+        [jsonb(m.metadata) for m in messages],
+        [c.now for c in claims],
+        [c.priority_rank for c in claims],
+        [c.request_id for c in claims],
+        [m.sender_identity for m in messages],
+        [suppression.topic_scope(m.category, m.topic) for m in messages],
+        [i for i, c in enumerate(claims, 1) for _ in c.deliveries],
+        [d.id for c in claims for d in c.deliveries],
+        [d.position for c in claims for d in c.deliveries],
+        [d.recipient_hash for c in claims for d in c.deliveries],
+        [d.recipient_encrypted for c in claims for d in c.deliveries],
+        [d.derived_key for c in claims for d in c.deliveries],
+        [d.reason for c in claims for d in c.deliveries],
+        [d.next_attempt_at for c in claims for d in c.deliveries],
+    )
+    found: list[Verdicts | None] = [None] * len(claims)
+    for r in rows:
+        verdicts = found[r[0] - 1]
+        if verdicts is None:
+            verdicts = found[r[0] - 1] = {}
+        verdicts[r[1]] = (r[2], r[3], r[4])
+    return found
+
+
 async def message_by_key(conn: Pg, client_id: uuid.UUID, key: str) -> MessageRow | None:
     """The message of an (API key, Idempotency-Key) pair."""
     row = await conn.fetchrow(

@@ -271,6 +271,8 @@ class CampaignRecipient(Base):
     recipient_encrypted: Mapped[str | None] = mapped_column(Text)
     derived_key: Mapped[str] = mapped_column(String(64))
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONB)
+
+
 class ReputationState(Base):
     """The reputation guard's verdict per sending identity (every statement on it lives in
     `sender/reputation.py`): the counts of the last evaluation, the state and since when,

@@ -42,6 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from sender import log as dlog
 from sender import status as st
+from sender.batching import ClaimBatcher
 from sender.dispatch import SUPPRESSION_HITS, Call, Dispatcher, current_request_id, timed_send
 from sender.keys import derived_key, fingerprint
 from sender.providers.base import OutgoingMessage
@@ -133,6 +134,8 @@ class SendService:
         self.config = dispatcher.config
         self.events_of = events_of
         self.on_queued = on_queued
+        # Concurrent asynchronous acceptances share one statement (group commit).
+        self._claims = ClaimBatcher(dispatcher.engine)
 
     # -- POST /v1/messages ------------------------------------------------------------------
 
@@ -291,9 +294,10 @@ class SendService:
         sendable: bool,
         now: dt.datetime,
     ) -> SendAnswer:
-        """Asynchronous acceptance: one statement (`sender.log.claim` with `complete`) stores
-        the message completed with its 202 answer and each delivery `queued` due now, or
-        `suppressed` by its verdict (final at once). No limiter token is taken and no
+        """Asynchronous acceptance: one statement (`sender.log.claim_queued`, shared with the
+        concurrent acceptances of this process by the `ClaimBatcher`) stores the message
+        completed with its 202 answer and each delivery `queued` due now, or `suppressed` by
+        its verdict (final at once). No limiter token is taken and no
         provider is called here: the workers claim the queued deliveries by priority and
         send them through `Dispatcher.dispatch` (which gates, re-checks suppression and the
         deadline). The workers are woken (`on_queued`) once the claim has committed."""
@@ -325,17 +329,17 @@ class SendService:
             )
             for r, h in zip(recipients, hashes, strict=True)
         ]
-        async with pg_connection(self.dispatcher.engine) as conn:
-            verdicts = await dlog.claim(
-                conn,
+        verdicts = await self._claims.claim(
+            dlog.QueuedClaim(
                 message,
                 news,
                 priority_rank=st.PRIORITY_RANK[message.priority],
                 now=now,
                 request_id=current_request_id(),
-                complete=True,
             )
-            if verdicts is None:
+        )
+        if verdicts is None:
+            async with pg_connection(self.dispatcher.engine) as conn:
                 return await self._duplicate(
                     conn, message.client_id, message.idempotency_key, message.fingerprint
                 )

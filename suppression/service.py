@@ -161,11 +161,33 @@ def _entry(row: Any) -> Suppression:
     )
 
 
+def topic_scope(category: str, topic: str | None) -> str | None:
+    """The topic whose entries stop a message of this category and topic besides the
+    channel-wide ones (`all`): None for transactional messages and messages without one."""
+    if category == "transactional" or not topic:
+        return None
+    return topic
+
+
 def scopes_for(category: str, topic: str | None) -> list[str]:
     """The scopes whose entries stop a message of this category and topic."""
-    if category == "transactional" or not topic:
-        return [SCOPE_ALL]
-    return [SCOPE_ALL, topic]
+    scope = topic_scope(category, topic)
+    return [SCOPE_ALL] if scope is None else [SCOPE_ALL, scope]
+
+
+def verdict_sql(*, channel: str, address_hash: str, scopes: str, now: str) -> str:
+    """One address's suppression check as a subquery another package's statement joins
+    LATERAL (`... LEFT JOIN LATERAL (<this>) AS s ON true`), for statements whose rows
+    differ in channel or scopes: the arguments are that statement's column expressions
+    (`scopes` a text array, e.g. `ARRAY['all', m.topic_scope]`). It yields at most one row
+    (id, reason, scope), the entry that stops the address, the channel-wide one first; one
+    probe of the unique (channel, address_hash, scope) index."""
+    return (
+        "SELECT id, reason, scope FROM suppressions "  # noqa: S608
+        f"WHERE channel = {channel} AND address_hash = {address_hash} "
+        f"AND scope = ANY({scopes}) AND (expires_at IS NULL OR expires_at > {now}) "
+        "ORDER BY scope = 'all' DESC, created_at LIMIT 1"
+    )
 
 
 def verdicts_sql(*, channel: str, hashes: str, scopes: str, now: str) -> str:
@@ -177,13 +199,10 @@ def verdicts_sql(*, channel: str, hashes: str, scopes: str, now: str) -> str:
     channel-wide one first (`scopes` from `scopes_for`). One index probe per hash, whatever
     the table's statistics say (see `_CHECK_MANY`).
     """
+    one = verdict_sql(channel=channel, address_hash="h.address_hash", scopes=scopes, now=now)
     return (
         "SELECT h.address_hash, s.id, s.reason, s.scope "  # noqa: S608
-        f"FROM unnest({hashes}) AS h(address_hash) CROSS JOIN LATERAL ("
-        "SELECT id, reason, scope FROM suppressions "
-        f"WHERE channel = {channel} AND address_hash = h.address_hash "
-        f"AND scope = ANY({scopes}) AND (expires_at IS NULL OR expires_at > {now}) "
-        "ORDER BY scope = 'all' DESC, created_at LIMIT 1) AS s"
+        f"FROM unnest({hashes}) AS h(address_hash) CROSS JOIN LATERAL ({one}) AS s"
     )
 
 
