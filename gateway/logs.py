@@ -25,7 +25,6 @@ import logging
 import re
 import sys
 import time
-import uuid
 from collections.abc import Callable
 
 import structlog
@@ -33,6 +32,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from structlog.typing import EventDict, Processor, WrappedLogger
 
 from gateway.settings import Settings
+from suppression.db import new_id
 
 HANDLER_NAME = "gateway"
 REQUEST_ID_HEADER = "x-request-id"
@@ -203,7 +203,7 @@ def request_id_of(headers: list[tuple[bytes, bytes]]) -> str:
             if _SANE_REQUEST_ID.fullmatch(text):
                 return text
             break
-    return uuid.uuid4().hex
+    return new_id().hex
 
 
 async def ensure_request_id(message: Message, scope: Scope) -> None:

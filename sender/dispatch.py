@@ -65,7 +65,7 @@ from sender.providers.base import OutgoingMessage, Provider, scrub
 from sender.reputation import REASON_PREFIX, ReputationGuard, identity_of
 from suppression import service as suppression
 from suppression.crypto import AddressProtector
-from suppression.db import Pg, pg_connection, utcnow
+from suppression.db import Pg, new_id, pg_connection, utcnow
 from suppression.normalize import normalize
 from suppression.tokens import issue_token, unsubscribe_url
 
@@ -244,7 +244,7 @@ class Dispatcher:
                 at = self.defer_at(deferred, now)
                 status = await dlog.defer(conn, delivery.id, at=at, reason=deferred, now=now)
                 return status or st.QUEUED
-            attempt_id = uuid.uuid4()
+            attempt_id = new_id()
             number = await dlog.begin_attempt(
                 conn,
                 delivery,

@@ -65,7 +65,7 @@ from sender.schemas import (
     SendMessage,
     SuppressionView,
 )
-from suppression.db import Pg, pg_connection, pg_of, utcnow
+from suppression.db import Pg, new_id, pg_connection, pg_of, utcnow
 from suppression.models import Suppression
 from suppression.normalize import Address, InvalidAddress, normalize, normalize_email
 
@@ -162,7 +162,7 @@ class SendService:
         channel = request.channel
         protector = self.protector
         message = dlog.NewMessage(
-            id=uuid.uuid4(),
+            id=new_id(),
             client_id=client_id,
             idempotency_key=idempotency_key,
             fingerprint=fingerprint(raw_body),
@@ -180,7 +180,7 @@ class SendService:
         if prefer_async or (self.config.marketing_async and request.category == "marketing"):
             return await self._accept(message, recipients, hashes, provider is not None, now)
         safety_net = now + dt.timedelta(seconds=self.config.retry.stale_in_progress_seconds)
-        ids = [uuid.uuid4() for _ in recipients]
+        ids = [new_id() for _ in recipients]
         keys = [
             derived_key(protector, client_id, idempotency_key, channel, r.address.key)
             for r in recipients
@@ -237,7 +237,7 @@ class SendService:
             else:
                 call = Call(
                     delivery_id=ids[i],
-                    attempt_id=uuid.uuid4(),
+                    attempt_id=new_id(),
                     number=1,
                     provider=provider,
                     message=message_out,
@@ -312,7 +312,7 @@ class SendService:
         )
         news = [
             dlog.NewDelivery(
-                id=uuid.uuid4(),
+                id=new_id(),
                 position=r.position,
                 recipient_hash=h,
                 recipient_encrypted=protector.encrypt(r.address.display),
