@@ -111,8 +111,25 @@ def enable_multiprocess(settings: Settings, *, clean: bool) -> Path:
     # each with the store chosen now).
     from prometheus_client import values
 
-    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+    # prometheus-client's default asks the OS for the pid (a system call) on every change of
+    # every value, to notice a fork; the pid cached here is refreshed in a forked child.
+    values.ValueClass = values.MultiProcessValue(process_identifier=_pid)  # type: ignore[no-untyped-call]
     return path
+
+
+_cached_pid = os.getpid()
+
+
+def _pid() -> int:
+    return _cached_pid
+
+
+def _refresh_pid() -> None:
+    global _cached_pid
+    _cached_pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_refresh_pid)
 
 
 def _alive(pid: int) -> bool:

@@ -36,7 +36,7 @@ class AddressProtector:
 
     def encrypt(self, plaintext: str) -> str:
         """Encrypt with the newest key."""
-        return self._fernet.encrypt(plaintext.encode()).decode("ascii")
+        return self._primary.encrypt(plaintext.encode()).decode("ascii")
 
     def decrypt(self, token: str, ttl: int | None = None) -> str:
         """Decrypt with any configured key; raises `InvalidToken` when none fits."""
