@@ -79,6 +79,15 @@ def normalize_email(raw: str) -> Address:
     return Address("email", f"{local.lower()}@{domain}", f"{local}@{domain}")
 
 
+# E.164 numbers of the North American Numbering Plan (+1, then ten digits whose area code
+# starts with 2-9): what `phonenumbers.parse` makes of them is known without running it
+# (country code 1, the ten digits as the national number; the plan's national prefix "1"
+# cannot begin an area code, so nothing is stripped), and parse is about half the cost of a
+# strict check. Possibility and validity are still phonenumbers' own checks, so results and
+# error messages are the same (tests/suppression/test_normalize.py compares with parse).
+_NANP_E164 = re.compile(r"\+1[2-9][0-9]{9}")
+
+
 def normalize_phone(raw: str, default_region: str = "US", *, strict: bool = False) -> Address:
     """Validate a phone number and format it as E.164.
 
@@ -91,10 +100,13 @@ def normalize_phone(raw: str, default_region: str = "US", *, strict: bool = Fals
     """
     text = raw.strip()
     national = not text.startswith("+")
-    try:
-        number = phonenumbers.parse(text, default_region if national else None)
-    except phonenumbers.NumberParseException as exc:
-        raise InvalidAddress(raw, str(exc)) from None
+    if _NANP_E164.fullmatch(text):
+        number = phonenumbers.PhoneNumber(country_code=1, national_number=int(text[2:]))
+    else:
+        try:
+            number = phonenumbers.parse(text, default_region if national else None)
+        except phonenumbers.NumberParseException as exc:
+            raise InvalidAddress(raw, str(exc)) from None
     if not phonenumbers.is_possible_number(number):
         raise InvalidAddress(raw, "not a possible phone number")
     e164 = phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
