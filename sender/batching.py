@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -36,12 +36,10 @@ MAX_BATCHES = 2
 MAX_SIZE = 64
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Waiting:
     claim: dlog.QueuedClaim
-    done: asyncio.Future[dlog.Verdicts | None] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+    done: asyncio.Future[dlog.Verdicts | None]
 
 
 class ClaimBatcher:
@@ -65,14 +63,16 @@ class ClaimBatcher:
 
         The claim is committed even when the awaiting request is cancelled meanwhile (a
         client that went away can replay its key and get the stored answer)."""
-        waiting = _Waiting(claim)
+        loop = asyncio.get_running_loop()
+        waiting = _Waiting(claim, loop.create_future())
         self._waiting.append(waiting)
         if self._running < self._max_batches:
             self._running += 1
-            task = asyncio.get_running_loop().create_task(self._run())
+            task = loop.create_task(self._run())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        return await asyncio.shield(waiting.done)
+        # A cancelled request cancels only this future; the batch it is in carries on.
+        return await waiting.done
 
     async def _run(self) -> None:
         try:

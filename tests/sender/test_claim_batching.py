@@ -192,3 +192,24 @@ async def test_verdicts_per_message_follow_category_and_topic(
     assert stored.status == status
     assert (stored.next_attempt_at is None) == stopped
     assert stored.created_at - claim.now < dt.timedelta(seconds=1)
+
+
+async def test_a_request_cancelled_while_waiting_still_has_its_claim_stored(
+    providers_gateway: Gateway,
+) -> None:
+    gw = providers_gateway
+    batcher = ClaimBatcher(gw.services.engine)
+    claim = _claim(gw, "+14155550500", client_id=uuid.uuid4())
+    waiting = asyncio.create_task(batcher.claim(claim))
+    await asyncio.sleep(0)  # queued, its batch about to start
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    for _ in range(250):
+        async with pg_connection(gw.services.engine) as conn:
+            if await dlog.message(conn, claim.message.id) is not None:
+                break
+        await asyncio.sleep(0.02)
+    else:
+        pytest.fail("the claim of the cancelled request was not stored")
+    assert (await delivery(gw.services, claim.deliveries[0].id)).status == "queued"
