@@ -9,8 +9,8 @@ import datetime as dt
 import logging
 import sys
 import uuid
-from collections.abc import Sequence
-from typing import BinaryIO
+from collections.abc import Coroutine, Sequence
+from typing import Any, BinaryIO
 
 from gateway.settings import Settings, SettingsError, load_settings
 
@@ -59,10 +59,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _metrics(settings, clean=False)
     services = services_for(prepare(settings))
     try:
-        asyncio.run(run_worker_until_signalled(services))
+        _run_loop(run_worker_until_signalled(services))
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run `main` on uvloop (the loop `gateway serve` runs on, through uvicorn) when it is
+    installed, else on asyncio's own: a worker is mostly socket writes and reads."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - installed with uvicorn[standard]
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

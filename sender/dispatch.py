@@ -211,15 +211,16 @@ class Dispatcher:
     async def dispatch(self, delivery_id: uuid.UUID) -> str:
         """Make at most one provider attempt for a delivery; return its resulting status."""
         async with pg_connection(self.engine) as conn:
-            found = await dlog.for_dispatch(conn, delivery_id)
+            found = await dlog.dispatchable(conn, delivery_id, self._clock())
             if found is None:
                 raise DeliveryNotFound(f"no delivery {delivery_id}")
-            delivery, content_encrypted, request_id = found
+            delivery, content_encrypted = found.delivery, found.content_encrypted
+            request_id = found.request_id
             if request_id:
                 # This task's log lines (the worker's too, after this returns) carry the id of
                 # the request that created the delivery.
                 structlog.contextvars.bind_contextvars(request_id=request_id)
-            final = await self._check(conn, delivery)
+            final = await self._check(conn, delivery, found.hit)
             if final is not None:
                 return final
             provider = self.providers.get(delivery.channel)
@@ -271,14 +272,20 @@ class Dispatcher:
         statuses = {d: s for d, s, _ in recorded.answers}
         if delivery.id in statuses:
             return statuses[delivery.id]
+        if delivery.id in recorded.settled and delivery.id not in recorded.parked:
+            # What the record set (parked feedback, applied after it, may have moved it on).
+            return recorded.settled[delivery.id]
         async with pg_connection(self.engine) as conn:
             return await dlog.status_of(conn, delivery.id) or st.SENDING
 
     # -- step 1 -----------------------------------------------------------------------------
 
-    async def _check(self, conn: Pg, delivery: dlog.DeliveryRow) -> str | None:
+    async def _check(
+        self, conn: Pg, delivery: dlog.DeliveryRow, hit: tuple[uuid.UUID, str, str] | None
+    ) -> str | None:
         """A final status when the delivery must not be sent now, else None (and the final
-        status written when there is one)."""
+        status written when there is one). `hit` is the suppression entry (id, reason,
+        scope) that stops it, read with it by `sender.log.dispatchable`."""
         now = self._clock()
         if delivery.status not in st.DISPATCHABLE:
             return delivery.status
@@ -289,23 +296,16 @@ class Dispatcher:
         ):
             # Still inside the settle window: a callback may yet show it was sent.
             return delivery.status
-        hit = await suppression.check(
-            conn,
-            delivery.channel,
-            delivery.recipient_hash,
-            category=delivery.category,
-            topic=delivery.topic,
-            now=now,
-        )
         if hit is not None:
-            SUPPRESSION_HITS.labels(delivery.channel, hit.reason, hit.scope).inc()
+            hit_id, hit_reason, hit_scope = hit
+            SUPPRESSION_HITS.labels(delivery.channel, hit_reason, hit_scope).inc()
             done = await dlog.finish_unsent(
                 conn,
                 delivery.id,
                 expected=delivery.status,
                 status=st.SUPPRESSED,
-                reason=hit.reason,
-                suppression_id=hit.id,
+                reason=hit_reason,
+                suppression_id=hit_id,
                 now=now,
             )
             return st.SUPPRESSED if done else await dlog.status_of(conn, delivery.id)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from retry import dlq
@@ -494,6 +494,8 @@ class Recorded:
     # Of the deliveries `begin_first_attempts` was asked to start in the same transaction,
     # those whose attempt it wrote (filled in by the caller).
     begun: frozenset[uuid.UUID] = frozenset()
+    # The status this record set on each delivery of `applied`.
+    settled: Mapping[uuid.UUID, str] = field(default_factory=dict)
 
 
 _DEFERRED_SQL = "'" + "','".join(sorted(st.DEFERRED)) + "'"
@@ -594,18 +596,20 @@ async def record(
     applied: set[uuid.UUID] = set()
     parked: set[uuid.UUID] = set()
     answers: list[tuple[uuid.UUID, str, str | None]] = []
+    settled: dict[uuid.UUID, str] = {}
     code: int | None = None
     for row in rows:
         kind = row["kind"]
         if kind == "d":
             applied.add(row["id"])
+            settled[row["id"]] = row["status"]
             if row["parked"]:
                 parked.add(row["id"])
         elif kind == "c":
             answers.append((row["id"], row["status"], row["reason"]))
         elif kind == "m":
             code = row["code"]
-    return Recorded(frozenset(applied), frozenset(parked), answers, code)
+    return Recorded(frozenset(applied), frozenset(parked), answers, code, settled=settled)
 
 
 # -- the worker's dispatch --------------------------------------------------------------------
@@ -624,6 +628,44 @@ async def for_dispatch(
     if row is None:
         return None
     return _delivery(row), row["content_encrypted"], row["request_id"]
+
+
+_DISPATCH_VERDICT = suppression.verdict_sql(
+    channel="d.channel",
+    address_hash="d.recipient_hash",
+    scopes=suppression.scopes_sql(category="d.category", topic="d.topic"),
+    now="$2",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatchable:
+    """What a dispatch reads before it calls: the delivery, its message's encrypted content,
+    the id of the request that created it, and the suppression entry that stops it now
+    (id, reason, scope), if any."""
+
+    delivery: DeliveryRow
+    content_encrypted: str | None
+    request_id: str | None
+    hit: tuple[uuid.UUID, str, str] | None
+
+
+async def dispatchable(conn: Pg, delivery_id: uuid.UUID, now: dt.datetime) -> Dispatchable | None:
+    """`for_dispatch` with the suppression check as of `now` taken in the same statement
+    (one round trip instead of two; no lock)."""
+    row = await conn.fetchrow(
+        f"SELECT {_D}, m.content_encrypted, m.request_id, s.id, s.reason, s.scope "
+        "FROM deliveries d JOIN messages m ON m.id = d.message_id "
+        f"LEFT JOIN LATERAL ({_DISPATCH_VERDICT}) AS s ON true WHERE d.id = $1",
+        delivery_id,
+        now,
+    )
+    if row is None:
+        return None
+    hit = (row[_D_WIDTH + 2], row[_D_WIDTH + 3], row[_D_WIDTH + 4])
+    return Dispatchable(
+        _delivery(row), row[_D_WIDTH], row[_D_WIDTH + 1], hit if hit[0] is not None else None
+    )
 
 
 _BEGIN_ATTEMPT = """

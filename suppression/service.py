@@ -169,6 +169,15 @@ def topic_scope(category: str, topic: str | None) -> str | None:
     return topic
 
 
+def scopes_sql(*, category: str, topic: str) -> str:
+    """`scopes_for` as an SQL expression over a row's category and topic columns (a text
+    array, for `verdict_sql`'s `scopes`)."""
+    return (
+        f"ARRAY['{SCOPE_ALL}', CASE WHEN {category} <> 'transactional' "
+        f"THEN NULLIF({topic}, '') END]"
+    )
+
+
 def scopes_for(category: str, topic: str | None) -> list[str]:
     """The scopes whose entries stop a message of this category and topic."""
     scope = topic_scope(category, topic)
