@@ -189,11 +189,17 @@ class RedisTokenBucket:
     """Buckets in Redis, shared by every process.
 
     Tokens are taken from Redis in small leases: a call that finds no leased token left
-    takes what it needs plus up to `LEASE_SECONDS` of the bucket's rate (at its priority's
-    floor, in one script call) and keeps the rest for the next calls of this process for at
-    most `LEASE_SECONDS`. A lease that expires unused is lost, so a process can only send
-    less than the shared rate, never more; with small rates (below 1 / LEASE_SECONDS per
-    second) every call goes to Redis as before.
+    takes what it needs plus a few more (at its priority's floor, in one script call) and
+    keeps them for the next calls of this process for at most `LEASE_SECONDS`. A lease that
+    expires unused is lost, so a process can only send less than the shared rate, never
+    more; with small rates (below 1 / LEASE_SECONDS per second) every call goes to Redis.
+
+    The extra tokens follow this process's own demand: as many as it asked for (per key
+    and priority) in the current or the previous `LEASE_SECONDS` window, whichever is more,
+    and never more than `LEASE_SECONDS` of the rate. Several processes sharing one rate
+    (worker processes draining a campaign) would otherwise each lease 50 ms of the whole
+    rate, use a fraction of it before it expires, and lose the rest: three workers drained
+    a 500/s limit at 350/s that way.
     """
 
     LEASE_SECONDS = 0.05
@@ -217,6 +223,8 @@ class RedisTokenBucket:
         self._script = redis.register_script(_BUCKET_LUA)
         # (key, priority) -> (leased tokens left, local time the lease ends)
         self._leases: dict[tuple[str, str], tuple[int, float]] = {}
+        # (key, priority) -> (start of the current window, tokens asked in it, in the last)
+        self._demand: dict[tuple[str, str], tuple[float, int, int]] = {}
 
     async def acquire(self, key: str, priority: str) -> bool:
         """Take one token for `key` at `priority`; False when none is available to it."""
@@ -228,6 +236,7 @@ class RedisTokenBucket:
         if bucket is None:
             return n
         local = self._clock() if self._clock is not None else time.monotonic()
+        demand = self._asked((key, priority), n, local)
         left, until = self._leases.pop((key, priority), (0, 0.0))
         if until <= local:
             left = 0
@@ -235,12 +244,24 @@ class RedisTokenBucket:
             if left > n:
                 self._leases[(key, priority)] = (left - n, until)
             return n
-        extra = math.floor(bucket.rate * self.LEASE_SECONDS)
+        extra = min(math.floor(bucket.rate * self.LEASE_SECONDS), demand)
         got = await self._take(key, priority, bucket, n - left + extra)
         have = left + got
         if have > n:
             self._leases[(key, priority)] = (have - n, local + self.LEASE_SECONDS)
         return min(n, have)
+
+    def _asked(self, kp: tuple[str, str], n: int, local: float) -> int:
+        """Count `n` tokens asked for now; how many more this process is likely to ask for
+        within a lease: as many as it asked for so far in the current window (a burst that
+        goes on), or in the whole previous window besides these `n` (a steady flow)."""
+        start, current, previous = self._demand.get(kp, (local, 0, 0))
+        if local - start >= self.LEASE_SECONDS or local < start:
+            # A new window; the one that ended counts only if it was the one just before.
+            previous = current if 0 <= local - start < 2 * self.LEASE_SECONDS else 0
+            start, current = local, 0
+        self._demand[kp] = (start, current + n, previous)
+        return max(current, previous - n)
 
     async def _take(self, key: str, priority: str, bucket: Bucket, n: int) -> int:
         floor = bucket.floor_for(priority)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -195,17 +196,51 @@ async def test_redis_tokens_are_leased_briefly_and_never_exceed_the_shared_rate(
         return await take(*args)  # type: ignore[arg-type]
 
     a._take = counted  # type: ignore[method-assign]
-    # one Redis call leases 1 + 50 tokens (0.05 s of the rate); 51 sends need no other call
-    for _ in range(51):
+    # The first call of a burst takes only its own token; each later Redis call leases as
+    # many more as this process asked for so far (here: 1, 3, 7, 15, 31), so 63 sends need
+    # 6 Redis calls ...
+    for _ in range(63):
         assert await a.acquire("ses", "high")
-    assert calls == 1
-    assert await a.acquire("ses", "high") and calls == 2
+    assert calls == 6
+    # ... and a lease never holds more than 0.05 s of the rate (50 tokens)
+    assert await a.acquire("ses", "high") and calls == 7
+    for _ in range(50):
+        assert await a.acquire("ses", "high")
+    assert calls == 7
     # what process `a` leased is gone from the shared bucket: `b` gets the rest, no more
-    assert await b.acquire_many("ses", "high", 10_000) == 1000 - 102
+    assert await b.acquire_many("ses", "high", 10_000) == 1000 - 63 - 51
     # a lease ends after 0.05 s; tokens not used by then are lost, never spent later: after
     # a second the bucket is full again and that is all anyone gets
     clock.now += 1.0
     assert await a.acquire_many("ses", "high", 10_000) == 1000
+
+
+async def test_a_steady_process_leases_about_what_it_uses(services: Services) -> None:
+    """A worker sending one message every 20 ms leases a token or two ahead, not 0.05 s of
+    the whole rate: leased tokens that expire unused are lost to every process sharing the
+    rate (3 workers drained a 500/s limit at 350/s when each leased 25 at a time)."""
+    assert services.redis is not None
+    clock = FakeClock()
+    prefix = services.settings.redis_prefix + "steady:"
+    limiter = RedisTokenBucket(
+        services.redis, {"twilio:*": RateSpec(500.0)}, prefix=prefix, clock=clock
+    )
+    asked: list[int] = []
+    take = limiter._take
+
+    async def counted(key: str, priority: str, bucket: Any, n: int) -> int:
+        asked.append(n)
+        return await take(key, priority, bucket, n)
+
+    limiter._take = counted  # type: ignore[method-assign]
+    for _ in range(100):
+        clock.now += 0.02
+        assert await limiter.acquire("twilio:+15005550006", "low")
+    # A token or two ahead (2-3 are asked per 50 ms), fewer Redis calls than sends, and
+    # nearly every token taken from the shared bucket was used.
+    assert max(asked) <= 4
+    assert len(asked) < 60
+    assert sum(asked) <= 110
 
 
 def test_normal_share_setting() -> None:
