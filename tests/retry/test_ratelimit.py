@@ -190,10 +190,10 @@ async def test_redis_tokens_are_leased_briefly_and_never_exceed_the_shared_rate(
     calls = 0
     take = a._take
 
-    async def counted(*args: object) -> int:
+    async def counted(key: str, priority: str, bucket: Any, n: int) -> int:
         nonlocal calls
         calls += 1
-        return await take(*args)  # type: ignore[arg-type]
+        return await take(key, priority, bucket, n)
 
     a._take = counted  # type: ignore[method-assign]
     # The first call of a burst takes only its own token; each later Redis call leases as
