@@ -196,13 +196,17 @@ class RedisTokenBucket:
 
     The extra tokens follow this process's own demand: as many as it asked for (per key
     and priority) in the current or the previous `LEASE_SECONDS` window, whichever is more,
-    and never more than `LEASE_SECONDS` of the rate. Several processes sharing one rate
-    (worker processes draining a campaign) would otherwise each lease 50 ms of the whole
-    rate, use a fraction of it before it expires, and lose the rest: three workers drained
-    a 500/s limit at 350/s that way.
+    and never more than `LEASE_SECONDS` of the rate; and none at all for `CONTENDED_SECONDS`
+    after a take found the bucket short. When the processes sharing one rate (worker
+    processes draining a campaign) need more than it allows, a lease only moves scarce tokens
+    to one process, which cannot use them all before they expire, while the others find the
+    bucket empty and defer: three workers drained a 500/s limit at 350/s when each leased
+    50 ms of the whole rate.
     """
 
     LEASE_SECONDS = 0.05
+    # After a take found the bucket short, this process leases nothing for this long.
+    CONTENDED_SECONDS = 1.0
 
     def __init__(
         self,
@@ -225,6 +229,8 @@ class RedisTokenBucket:
         self._leases: dict[tuple[str, str], tuple[int, float]] = {}
         # (key, priority) -> (start of the current window, tokens asked in it, in the last)
         self._demand: dict[tuple[str, str], tuple[float, int, int]] = {}
+        # (key, priority) -> local time until which this process leases nothing ahead
+        self._contended: dict[tuple[str, str], float] = {}
 
     async def acquire(self, key: str, priority: str) -> bool:
         """Take one token for `key` at `priority`; False when none is available to it."""
@@ -245,7 +251,15 @@ class RedisTokenBucket:
                 self._leases[(key, priority)] = (left - n, until)
             return n
         extra = min(math.floor(bucket.rate * self.LEASE_SECONDS), demand)
-        got = await self._take(key, priority, bucket, n - left + extra)
+        if self._contended.get((key, priority), 0.0) > local:
+            extra = 0
+        asked = n - left + extra
+        got = await self._take(key, priority, bucket, asked)
+        if got < asked:
+            # The bucket is at its floor: tokens are scarce, and a lease would only take
+            # them from other processes (which then defer) to expire here unused. Until it
+            # has tokens to spare again, take exactly what is needed.
+            self._contended[(key, priority)] = local + self.CONTENDED_SECONDS
         have = left + got
         if have > n:
             self._leases[(key, priority)] = (have - n, local + self.LEASE_SECONDS)

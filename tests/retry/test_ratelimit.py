@@ -243,6 +243,41 @@ async def test_a_steady_process_leases_about_what_it_uses(services: Services) ->
     assert sum(asked) <= 110
 
 
+async def test_no_lease_while_the_bucket_is_short(services: Services) -> None:
+    """Once a take found the bucket short, a process takes exactly what it needs for a
+    while: scarce tokens leased ahead would be taken from the processes that need them."""
+    assert services.redis is not None
+    clock = FakeClock()
+    prefix = services.settings.redis_prefix + "short:"
+    limits = {"twilio:*": RateSpec(100.0, 100.0)}
+    a = RedisTokenBucket(services.redis, limits, prefix=prefix, clock=clock)
+    b = RedisTokenBucket(services.redis, limits, prefix=prefix, clock=clock)
+    asked: list[int] = []
+    take = a._take
+
+    async def counted(key: str, priority: str, bucket: Any, n: int) -> int:
+        asked.append(n)
+        return await take(key, priority, bucket, n)
+
+    a._take = counted  # type: ignore[method-assign]
+    key = "twilio:+15005550006"
+    assert await b.acquire_many(key, "high", 1000) == 100
+    assert not await a.acquire(key, "high")  # the bucket is empty: short
+    clock.now += 0.1  # about 10 new tokens
+    asked.clear()
+    for _ in range(4):
+        assert await a.acquire(key, "high")
+    # one token per Redis call, none leased ahead (a burst of 4 asks for 1, 2 and 4 tokens
+    # otherwise, as below)
+    assert asked == [1, 1, 1, 1]
+    # later, with tokens to spare again, `a` leases ahead again
+    clock.now += 1.5
+    asked.clear()
+    for _ in range(4):
+        assert await a.acquire(key, "high")
+    assert asked == [1, 2, 4]
+
+
 def test_normal_share_setting() -> None:
     from gateway.settings import SettingsError, load_settings
 
