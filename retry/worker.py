@@ -62,10 +62,6 @@ from suppression.db import pg_connection, utcnow
 log = logging.getLogger("retry.worker")
 
 Dispatch = Callable[[uuid.UUID], Awaitable[str]]
-
-# The status a dispatch returns when the delivery waits again without having been sent: no
-# rate-limiter token, the breaker open, a reputation pause, an account-level pause.
-DEFERRED = "queued"
 _T = TypeVar("_T")
 Clock = Callable[[], dt.datetime]
 
@@ -118,8 +114,6 @@ class Worker:
         self._settings = settings
         self._clock = clock
         self._wakeup = wakeup or Wakeup()
-        # Set when `run` is stopping: ends the slots' pauses after a deferral.
-        self._stopping = asyncio.Event()
         # Further periodic jobs handed in by the composition root (e.g. applying parked
         # provider events), run with the sweeper.
         self._maintenance = tuple(maintenance)
@@ -163,7 +157,6 @@ class Worker:
         processes' notifications. Cancelling stops it gracefully: calls under way may finish
         and record their outcome (within `SHUTDOWN_GRACE_SECONDS`)."""
         s = self._settings
-        self._stopping.clear()
         log.info(
             "retry worker running (lanes high/normal/low, batch %d, concurrency %d per lane)",
             s.worker_batch,
@@ -184,7 +177,6 @@ class Worker:
             for task in done:
                 task.result()  # a loop only ends by raising
         finally:
-            self._stopping.set()
             for task in loops:
                 task.cancel()
             await asyncio.shield(self._stop(loops, lanes))
@@ -248,24 +240,10 @@ class Worker:
 
     async def _lane_call(self, item: Due, lane: _Lane) -> None:
         try:
-            if await self._dispatch_guarded(item) == DEFERRED:
-                # The provider path is saturated or paused for it: this slot waits as long
-                # as the delivery does (up to GATEWAY_RETRY_DEFER_SECONDS) before it claims
-                # again. Otherwise a lane with more slots than the rate limit needs keeps
-                # claiming rows only to defer them (a claim, a read, a limiter call and a
-                # write each): three workers of 16 slots on a 500/s limit spent more CPU on
-                # deferring than on sending.
-                await self._pause(self._settings.defer_seconds)
+            await self._dispatch_guarded(item)
         finally:
             lane.free += 1
             lane.freed.set()
-
-    async def _pause(self, seconds: float) -> None:
-        """Sleep `seconds`, or less when the worker is stopping."""
-        if seconds > 0 and not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(seconds):
-                    await self._stopping.wait()
 
     async def _claim(
         self, limit: int, min_rank: int = 0, max_rank: int = 2
@@ -346,17 +324,14 @@ class Worker:
         finally:
             limit.release()
 
-    async def _dispatch_guarded(self, item: Due) -> str | None:
-        """Dispatch one claimed delivery; its status, or None when the dispatch failed."""
+    async def _dispatch_guarded(self, item: Due) -> None:
         try:
             status = await self._dispatch(item.id)
             log.debug("delivery %s dispatched: %s", item.id, status)
-            return status
         except Exception as exc:
             log.exception("dispatch of delivery %s failed", item.id)
             with contextlib.suppress(Exception):
                 await self._recover(item, exc)
-            return None
 
     async def _recover(self, item: Due, exc: Exception) -> None:
         # The dispatch raised. If it never started a provider attempt (the delivery is still

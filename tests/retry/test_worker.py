@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import datetime as dt
 import uuid
@@ -301,45 +300,3 @@ async def test_gateway_wiring(services: Services, retry_settings: RetrySettings)
     # the composition root hands the worker the send path's dispatch
     assert build_worker(services) is not None
     assert services.dispatch is not None
-
-
-async def test_a_slot_whose_delivery_was_deferred_waits_before_claiming_again(
-    services: Services, retry_settings: RetrySettings
-) -> None:
-    """A dispatch that defers (no rate-limiter token, breaker open) holds its slot for the
-    deferral delay: a lane does not spin claiming rows only to defer them. Stopping the
-    worker ends the pauses at once."""
-    async with services.sessions() as s, s.begin():
-        ids = await insert_deliveries(s, 20, status="queued")
-    calls: list[uuid.UUID] = []
-
-    async def defer(delivery_id: uuid.UUID) -> str:
-        calls.append(delivery_id)
-        async with services.sessions() as s, s.begin():
-            await s.execute(
-                deliveries.update()
-                .where(deliveries.c.id == delivery_id)
-                .values(status="queued", next_attempt_at=utcnow() + dt.timedelta(seconds=60))
-            )
-        return "queued"
-
-    settings = dataclasses.replace(
-        retry_settings, worker_batch=2, worker_concurrency=2, defer_seconds=30.0
-    )
-    task = asyncio.create_task(
-        Worker(services.engine, services.delivery_queue, defer, settings).run()
-    )
-    for _ in range(1000):
-        if len(calls) >= 4:
-            break
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.5)
-    # The normal and the low lane serve `normal` deliveries, 2 slots each: 4 dispatches,
-    # then every slot waits out its deferral instead of taking the other 16.
-    assert len(calls) == 4
-    assert set(calls) <= set(ids)
-    started = asyncio.get_running_loop().time()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    assert asyncio.get_running_loop().time() - started < 5.0
