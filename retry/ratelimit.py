@@ -176,7 +176,15 @@ if now > ts then
   tokens = math.min(capacity, tokens + (now - ts) * rate)
   ts = now
 end
-local taken = math.min(tonumber(ARGV[6]), math.max(0, math.floor(tokens - floor + 1e-9)))
+local spare = math.max(0, math.floor(tokens - floor + 1e-9))
+local want = tonumber(ARGV[6])
+local extra = tonumber(ARGV[7] or '0')
+-- Tokens leased ahead come only out of plenty: what is left after the lease must be at
+-- least LEASE_PLENTY times the lease (else only the needed tokens are taken).
+if extra > 0 and spare - want - extra < extra * tonumber(ARGV[8] or '0') then
+  extra = 0
+end
+local taken = math.min(want + extra, spare)
 tokens = tokens - taken
 redis.call('HSET', KEYS[1], 'tokens', string.format('%.9f', tokens),
            'ts', string.format('%.6f', ts))
@@ -196,17 +204,19 @@ class RedisTokenBucket:
 
     The extra tokens follow this process's own demand: as many as it asked for (per key
     and priority) in the current or the previous `LEASE_SECONDS` window, whichever is more,
-    and never more than `LEASE_SECONDS` of the rate; and none at all for `CONTENDED_SECONDS`
-    after a take found the bucket short. When the processes sharing one rate (worker
-    processes draining a campaign) need more than it allows, a lease only moves scarce tokens
-    to one process, which cannot use them all before they expire, while the others find the
-    bucket empty and defer: three workers drained a 500/s limit at 350/s when each leased
-    50 ms of the whole rate.
+    and never more than `LEASE_SECONDS` of the rate; and only out of plenty: the script
+    grants the extra tokens only when the bucket keeps `LEASE_PLENTY` times as many besides.
+    Leases save a Redis call per send where tokens abound (a high limit); where the limit
+    binds (processes sharing one rate need more than it allows, as worker processes
+    draining a campaign do), a lease only moves scarce tokens to one process, which cannot
+    use them all before they expire, while the others find the bucket empty and defer:
+    three workers drained a 500/s limit at 350/s when each leased 50 ms of the whole rate,
+    and at 485/s without leases.
     """
 
     LEASE_SECONDS = 0.05
-    # After a take found the bucket short, this process leases nothing for this long.
-    CONTENDED_SECONDS = 1.0
+    # A lease is granted only while the bucket keeps this many times the lease besides.
+    LEASE_PLENTY = 4
 
     def __init__(
         self,
@@ -229,8 +239,6 @@ class RedisTokenBucket:
         self._leases: dict[tuple[str, str], tuple[int, float]] = {}
         # (key, priority) -> (start of the current window, tokens asked in it, in the last)
         self._demand: dict[tuple[str, str], tuple[float, int, int]] = {}
-        # (key, priority) -> local time until which this process leases nothing ahead
-        self._contended: dict[tuple[str, str], float] = {}
 
     async def acquire(self, key: str, priority: str) -> bool:
         """Take one token for `key` at `priority`; False when none is available to it."""
@@ -251,15 +259,7 @@ class RedisTokenBucket:
                 self._leases[(key, priority)] = (left - n, until)
             return n
         extra = min(math.floor(bucket.rate * self.LEASE_SECONDS), demand)
-        if self._contended.get((key, priority), 0.0) > local:
-            extra = 0
-        asked = n - left + extra
-        got = await self._take(key, priority, bucket, asked)
-        if got < asked:
-            # The bucket is at its floor: tokens are scarce, and a lease would only take
-            # them from other processes (which then defer) to expire here unused. Until it
-            # has tokens to spare again, take exactly what is needed.
-            self._contended[(key, priority)] = local + self.CONTENDED_SECONDS
+        got = await self._take(key, priority, bucket, n - left, extra)
         have = left + got
         if have > n:
             self._leases[(key, priority)] = (have - n, local + self.LEASE_SECONDS)
@@ -277,7 +277,7 @@ class RedisTokenBucket:
         self._demand[kp] = (start, current + n, previous)
         return max(current, previous - n)
 
-    async def _take(self, key: str, priority: str, bucket: Bucket, n: int) -> int:
+    async def _take(self, key: str, priority: str, bucket: Bucket, n: int, extra: int = 0) -> int:
         floor = bucket.floor_for(priority)
         now = self._clock() if self._clock is not None else -1.0
         # Idle buckets are full again after capacity/rate seconds; drop them then.
@@ -285,7 +285,16 @@ class RedisTokenBucket:
         try:
             result = await self._script(
                 keys=[f"{self._prefix}rl:{key}"],
-                args=[repr(bucket.rate), repr(bucket.capacity), repr(floor), repr(now), ttl_ms, n],
+                args=[
+                    repr(bucket.rate),
+                    repr(bucket.capacity),
+                    repr(floor),
+                    repr(now),
+                    ttl_ms,
+                    n,
+                    extra,
+                    self.LEASE_PLENTY,
+                ],
             )
         except (RedisError, OSError) as exc:
             # Raises SharedStateUnavailable: the send path defers (see retry.shared).

@@ -190,10 +190,10 @@ async def test_redis_tokens_are_leased_briefly_and_never_exceed_the_shared_rate(
     calls = 0
     take = a._take
 
-    async def counted(key: str, priority: str, bucket: Any, n: int) -> int:
+    async def counted(key: str, priority: str, bucket: Any, n: int, extra: int = 0) -> int:
         nonlocal calls
         calls += 1
-        return await take(key, priority, bucket, n)
+        return await take(key, priority, bucket, n, extra)
 
     a._take = counted  # type: ignore[method-assign]
     # The first call of a burst takes only its own token; each later Redis call leases as
@@ -228,9 +228,10 @@ async def test_a_steady_process_leases_about_what_it_uses(services: Services) ->
     asked: list[int] = []
     take = limiter._take
 
-    async def counted(key: str, priority: str, bucket: Any, n: int) -> int:
-        asked.append(n)
-        return await take(key, priority, bucket, n)
+    async def counted(key: str, priority: str, bucket: Any, n: int, extra: int = 0) -> int:
+        got = await take(key, priority, bucket, n, extra)
+        asked.append(got)
+        return got
 
     limiter._take = counted  # type: ignore[method-assign]
     for _ in range(100):
@@ -243,39 +244,38 @@ async def test_a_steady_process_leases_about_what_it_uses(services: Services) ->
     assert sum(asked) <= 110
 
 
-async def test_no_lease_while_the_bucket_is_short(services: Services) -> None:
-    """Once a take found the bucket short, a process takes exactly what it needs for a
-    while: scarce tokens leased ahead would be taken from the processes that need them."""
+async def test_tokens_are_leased_only_out_of_plenty(services: Services) -> None:
+    """A lease is granted only while the bucket keeps four times as many tokens besides:
+    scarce tokens leased ahead would be taken from the processes that need them now."""
     assert services.redis is not None
     clock = FakeClock()
-    prefix = services.settings.redis_prefix + "short:"
+    prefix = services.settings.redis_prefix + "plenty:"
     limits = {"twilio:*": RateSpec(100.0, 100.0)}
     a = RedisTokenBucket(services.redis, limits, prefix=prefix, clock=clock)
     b = RedisTokenBucket(services.redis, limits, prefix=prefix, clock=clock)
-    asked: list[int] = []
+    calls: list[tuple[int, int, int]] = []
     take = a._take
 
-    async def counted(key: str, priority: str, bucket: Any, n: int) -> int:
-        asked.append(n)
-        return await take(key, priority, bucket, n)
+    async def counted(key: str, priority: str, bucket: Any, n: int, extra: int = 0) -> int:
+        got = await take(key, priority, bucket, n, extra)
+        calls.append((n, extra, got))
+        return got
 
     a._take = counted  # type: ignore[method-assign]
     key = "twilio:+15005550006"
-    assert await b.acquire_many(key, "high", 1000) == 100
-    assert not await a.acquire(key, "high")  # the bucket is empty: short
-    clock.now += 0.1  # about 10 new tokens
-    asked.clear()
+    # A burst of 4 from a full bucket: each Redis call leases what was asked so far.
     for _ in range(4):
         assert await a.acquire(key, "high")
-    # one token per Redis call, none leased ahead (a burst of 4 asks for 1, 2 and 4 tokens
-    # otherwise, as below)
-    assert asked == [1, 1, 1, 1]
-    # later, with tokens to spare again, `a` leases ahead again
+    assert calls == [(1, 0, 1), (1, 1, 2), (1, 3, 4)]
+    # Another process leaves 8 tokens (after `a`'s lease of 3): `a` still gets a lease of
+    # one (6 remain besides, >= 4 x 1), but not one of three (4 would remain, < 4 x 3).
     clock.now += 1.5
-    asked.clear()
+    assert await b.acquire_many(key, "high", 92) == 92
+    calls.clear()
     for _ in range(4):
         assert await a.acquire(key, "high")
-    assert asked == [1, 2, 4]
+    assert calls == [(1, 0, 1), (1, 1, 2), (1, 3, 1)]
+    assert await b.acquire_many(key, "high", 1000) == 8 - 4
 
 
 def test_normal_share_setting() -> None:
