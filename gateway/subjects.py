@@ -203,6 +203,12 @@ class SubjectData:
     deliveries: list[dict[str, Any]]
     messages: list[dict[str, Any]]
     events: list[dict[str, Any]]
+    # The outbound events (the feed and webhooks) about the person's deliveries and entries.
+    outbound_events: list[dict[str, Any]]
+    # The person's rows in campaign lists (with the metadata uploaded with them).
+    campaign_recipients: list[dict[str, Any]]
+    # The sandbox mailbox's copies of what was sent to the person.
+    sandbox_messages: list[dict[str, Any]]
 
 
 def _decrypt(protector: AddressProtector, token: str | None) -> Any:
@@ -253,6 +259,9 @@ async def access(
     messages = await rows(Message, Message.created_at)
     entries = await rows(Suppression, Suppression.created_at)
     history = await rows(SuppressionHistory, SuppressionHistory.id)
+    outbound = await rows(Event, Event.id)
+    lists = await rows(CampaignRecipient, CampaignRecipient.campaign_id, CampaignRecipient.position)
+    sandbox = await rows(SandboxMessage, SandboxMessage.created_at)
     now = dt.datetime.now(dt.UTC)
 
     out_deliveries = []
@@ -274,6 +283,9 @@ async def access(
         messages=[_row(protector, m) for m in messages],
         # Events that reached no delivery of this person (e.g. parked, or inbound STOP).
         events=[_row(protector, e) for e in events if e.delivery_id not in linked],
+        outbound_events=[_row(protector, e, skip=("address_hash",)) for e in outbound],
+        campaign_recipients=[_row(protector, r, skip=("recipient_hash",)) for r in lists],
+        sandbox_messages=[_row(protector, m, skip=("to_hash",)) for m in sandbox],
     )
 
 

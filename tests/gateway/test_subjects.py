@@ -368,6 +368,7 @@ async def test_subject_access_returns_everything_decrypted(
     await _seed_person(services, PERSON, shared_with=OTHER)
     await _seed_person(services, OTHER)
     await _unsubscribe(client, services, PERSON)
+    await _seed_campaign_list(services, OTHER, PERSON)
     key = bearer(await make_key("export"))
     r = await client.get("/v1/subjects/email/ERASE.ME@example.com", headers=key)
     assert r.status_code == 200, r.text
@@ -390,6 +391,22 @@ async def test_subject_access_returns_everything_decrypted(
     assert data["suppressions"][0]["address"] == PERSON
     assert [h["action"] for h in data["history"]] == ["add", "add"]
     assert OTHER not in json.dumps(data["deliveries"])  # the other recipient's delivery is not here
+    # The outbound events about the person: its delivery's status and its suppressions.
+    assert [(e["type"], e["address"]) for e in data["outbound_events"]] == [
+        ("delivery.bounced", PERSON),
+        ("suppression.added", PERSON),
+        ("suppression.added", PERSON),
+    ]
+    assert data["outbound_events"][0]["delivery_id"] == delivery["id"]
+    (listed,) = data["campaign_recipients"]
+    assert listed["recipient"] == PERSON and listed["position"] == 1
+    assert "recipient_hash" not in listed
+    # The sandbox mailbox's copies of what was sent to the person, decrypted.
+    assert data["sandbox_messages"]
+    assert all("content" in m and "to_hash" not in m for m in data["sandbox_messages"])
+    assert OTHER not in json.dumps(
+        [data["outbound_events"], data["campaign_recipients"], data["sandbox_messages"]]
+    )
 
     assert (
         await client.get(f"/v1/subjects/email/{PERSON}", headers=bearer(await make_key("read")))
