@@ -175,6 +175,18 @@ class NewDelivery:
     next_attempt_at: dt.datetime | None = None
 
 
+# The columns both send claims (`claim`, `claim_queued`) write.
+_CLAIM_MESSAGE_COLUMNS = (
+    "id, client_id, idempotency_key, fingerprint, state, channel, category, topic, priority, "
+    "expires_at, content_encrypted, metadata, created_at, request_id, response_code, "
+    "completed_at, first_answers"
+)
+_CLAIM_DELIVERY_COLUMNS = (
+    "id, message_id, position, channel, recipient_hash, recipient_encrypted, derived_key, "
+    "status, reason, suppression_id, provider, category, topic, priority_rank, expires_at, "
+    "attempts, next_attempt_at, created_at, updated_at, deferred_since, sender_identity"
+)
+
 # The claim's suppression verdicts, from the suppression package's own query.
 _HITS = suppression.verdicts_sql(
     channel="$5::text", hashes="$16::text[]", scopes="$24::text[]", now="$12::timestamptz"
@@ -182,9 +194,7 @@ _HITS = suppression.verdicts_sql(
 
 _CLAIM = f"""
 WITH hits AS ({_HITS}), m AS (
-    INSERT INTO messages (id, client_id, idempotency_key, fingerprint, state, channel,
-        category, topic, priority, expires_at, content_encrypted, metadata, created_at,
-        request_id, response_code, completed_at, first_answers)
+    INSERT INTO messages ({_CLAIM_MESSAGE_COLUMNS})
     VALUES ($1, $2, $3, $4, CASE WHEN $26::bool THEN 'completed' ELSE 'in_progress' END,
         $5, $6, $7, $8, $9, $10, $11, $12, $25,
         CASE WHEN $26::bool THEN 202 END,
@@ -201,10 +211,7 @@ WITH hits AS ({_HITS}), m AS (
     ON CONFLICT ON CONSTRAINT uq_messages_client_idempotency_key DO NOTHING
     RETURNING id
 ), d AS (
-    INSERT INTO deliveries (id, message_id, position, channel, recipient_hash,
-        recipient_encrypted, derived_key, status, reason, suppression_id, provider,
-        category, topic, priority_rank, expires_at, attempts, next_attempt_at,
-        created_at, updated_at, deferred_since, sender_identity)
+    INSERT INTO deliveries ({_CLAIM_DELIVERY_COLUMNS})
     SELECT u.id, m.id, u.position, $5, u.hash, u.enc, u.key,
         CASE WHEN h.id IS NULL THEN u.status ELSE 'suppressed' END,
         CASE WHEN h.id IS NULL THEN u.reason ELSE h.reason END,
@@ -311,7 +318,7 @@ class QueuedClaim:
 _VERDICT = suppression.verdict_sql(
     channel="mu.channel",
     address_hash="u.hash",
-    scopes="ARRAY['all', mu.topic_scope]",
+    scopes=f"ARRAY['{suppression.SCOPE_ALL}', mu.topic_scope]",
     now="mu.at",
 )
 
@@ -334,9 +341,7 @@ WITH mu AS (
     JOIN mu ON mu.ord = u.ord
     LEFT JOIN LATERAL ({_VERDICT}) AS s ON true
 ), m AS (
-    INSERT INTO messages (id, client_id, idempotency_key, fingerprint, state, channel,
-        category, topic, priority, expires_at, content_encrypted, metadata, created_at,
-        request_id, response_code, completed_at, first_answers)
+    INSERT INTO messages ({_CLAIM_MESSAGE_COLUMNS})
     SELECT mu.id, mu.client_id, mu.idempotency_key, mu.fingerprint, 'completed', mu.channel,
         mu.category, mu.topic, mu.priority, mu.expires_at, mu.content, mu.metadata::jsonb,
         mu.at, mu.request_id, 202, mu.at,
@@ -348,10 +353,7 @@ WITH mu AS (
     ON CONFLICT ON CONSTRAINT uq_messages_client_idempotency_key DO NOTHING
     RETURNING id
 ), d AS (
-    INSERT INTO deliveries (id, message_id, position, channel, recipient_hash,
-        recipient_encrypted, derived_key, status, reason, suppression_id, provider,
-        category, topic, priority_rank, expires_at, attempts, next_attempt_at,
-        created_at, updated_at, deferred_since, sender_identity)
+    INSERT INTO deliveries ({_CLAIM_DELIVERY_COLUMNS})
     SELECT du.id, du.message_id, du.position, mu.channel, du.hash, du.enc, du.key,
         CASE WHEN du.sid IS NULL THEN 'queued' ELSE 'suppressed' END,
         CASE WHEN du.sid IS NULL THEN du.reason ELSE du.sreason END,
