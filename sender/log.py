@@ -195,19 +195,8 @@ _HITS = suppression.verdicts_sql(
 _CLAIM = f"""
 WITH hits AS ({_HITS}), m AS (
     INSERT INTO messages ({_CLAIM_MESSAGE_COLUMNS})
-    VALUES ($1, $2, $3, $4, CASE WHEN $26::bool THEN 'completed' ELSE 'in_progress' END,
-        $5, $6, $7, $8, $9, $10, $11, $12, $25,
-        CASE WHEN $26::bool THEN 202 END,
-        CASE WHEN $26::bool THEN $12::timestamptz END,
-        -- Accepted asynchronously: the answer is complete now (each delivery queued, or
-        -- suppressed by its verdict), stored for idempotent replays like `record` does.
-        CASE WHEN $26::bool THEN (SELECT jsonb_agg(jsonb_build_object('id', u.id,
-            'status', CASE WHEN h.id IS NULL THEN u.status ELSE 'suppressed' END,
-            'reason', CASE WHEN h.id IS NULL THEN u.reason ELSE h.reason END)
-            ORDER BY u.position)
-            FROM unnest($14::uuid[], $15::int2[], $16::text[], $19::text[], $20::text[])
-                AS u(id, position, hash, status, reason)
-            LEFT JOIN hits h ON h.address_hash = u.hash) END)
+    VALUES ($1, $2, $3, $4, 'in_progress', $5, $6, $7, $8, $9, $10, $11, $12, $25,
+        NULL, NULL, NULL)
     ON CONFLICT ON CONSTRAINT uq_messages_client_idempotency_key DO NOTHING
     RETURNING id
 ), d AS (
@@ -222,7 +211,7 @@ WITH hits AS ({_HITS}), m AS (
         CASE WHEN h.id IS NULL THEN u.next_at END,
         $12, $12,
         CASE WHEN h.id IS NULL AND u.status = 'queued' THEN $12::timestamptz END,
-        $27::text
+        $26::text
     FROM m CROSS JOIN unnest($14::uuid[], $15::int2[], $16::text[], $17::text[],
         $18::text[], $19::text[], $20::text[], $21::text[], $22::uuid[], $23::timestamptz[])
         AS u(id, position, hash, enc, key, status, reason, provider, aid, next_at)
@@ -250,7 +239,6 @@ async def claim(
     priority_rank: int,
     now: dt.datetime,
     request_id: str | None = None,
-    complete: bool = False,
 ) -> dict[uuid.UUID, tuple[str, str | None, str | None]] | None:
     """Check the suppression list and insert the message, its deliveries and their first
     attempts, in one statement (one snapshot: an entry committed before it counts).
@@ -258,11 +246,7 @@ async def claim(
     Returns each delivery's (status, reason, suppression scope), `suppressed` ones with the
     entry's reason and scope and no attempt; None when (client, Idempotency-Key) exists
     already: nothing was written. `request_id` (the HTTP request's id) is stored on the
-    message and its first attempts.
-
-    `complete` (asynchronous acceptance): the message is stored `completed` at once with
-    status code 202 and its first answers (every delivery `queued` or `suppressed`), so a
-    replay returns the same answer and nothing else has to be written before it is given.
+    message and its first attempts. (An asynchronous acceptance claims with `claim_queued`.)
     """
     rows = await conn.fetch(
         _CLAIM,
@@ -291,7 +275,6 @@ async def claim(
         [d.next_attempt_at for d in deliveries],
         suppression.scopes_for(message.category, message.topic),
         request_id,
-        complete,
         message.sender_identity,
     )
     if not rows:
@@ -322,10 +305,13 @@ _VERDICT = suppression.verdict_sql(
     now="mu.at",
 )
 
-# `claim(..., complete=True)` for many messages at once: the same rows, one statement. A
-# message whose (client, Idempotency-Key) exists already (or repeats an earlier one of the
-# same batch) inserts nothing, and its deliveries are not written either. Messages are
-# inserted in key order, so two batches waiting on each other's keys cannot deadlock.
+# The asynchronous acceptance's claim, for many messages at once: `claim`'s rows, each
+# message stored `completed` with its 202 answer (its first answers, every delivery `queued`
+# or `suppressed`), so a replay returns the same answer and nothing else has to be written
+# before it is given. A message whose (client, Idempotency-Key) exists already (or repeats
+# an earlier one of the same batch) inserts nothing, and its deliveries are not written
+# either. Messages are inserted in key order, so two batches waiting on each other's keys
+# cannot deadlock.
 _CLAIM_QUEUED = f"""
 WITH mu AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[],
@@ -368,8 +354,8 @@ SELECT du.ord, d.id, d.status, d.reason, du.sscope FROM d JOIN du ON du.id = d.i
 
 
 async def claim_queued(conn: Pg, claims: Sequence[QueuedClaim]) -> list[Verdicts | None]:
-    """`claim(..., complete=True)` for several asynchronous acceptances in one statement (one
-    round trip and one commit for all of them): each message is stored `completed` with its
+    """The claims of several asynchronous acceptances in one statement (one round trip and
+    one commit for all of them): each message is stored `completed` with its
     202 answer, each delivery `queued` or `suppressed` by its verdict.
 
     Returns, in the order of `claims`, each one's verdicts, or None when its (client,
