@@ -1,8 +1,9 @@
-"""Group commit for asynchronous acceptance: concurrent `respond-async` claims share one
-statement.
+"""Group commit for send claims: the claims of concurrent `POST /v1/messages` requests
+(synchronous or `respond-async`) share one statement.
 
-Each asynchronous acceptance is one INSERT statement (`sender.log.claim_queued`), and on a
-small machine its round trip (the socket write that wakes the database backend, the
+Each send request claims its message, deliveries and first attempts with one INSERT
+statement (`sender.log.claim_many`), committed before any provider call, and on a small
+machine its round trip (the socket write that wakes the database backend, the
 statement's fixed cost, the commit's WAL flush) costs more than the rows it writes. A
 `ClaimBatcher` lets at most `max_batches` statements run at a time (one by default);
 claims that arrive while they are all busy wait and go together in the next one (up to
@@ -40,12 +41,12 @@ MAX_SIZE = 64
 
 @dataclass(eq=False, slots=True)
 class _Waiting:
-    claim: dlog.QueuedClaim
+    claim: dlog.Claim
     done: asyncio.Future[dlog.Verdicts | None]
 
 
 class ClaimBatcher:
-    """Runs `sender.log.claim_queued` for the claims of concurrent requests (see the module
+    """Runs `sender.log.claim_many` for the claims of concurrent requests (see the module
     docstring). One per process (its `SendService` holds it)."""
 
     def __init__(
@@ -59,8 +60,8 @@ class ClaimBatcher:
         # The runner tasks, referenced until they end (the loop holds tasks weakly).
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def claim(self, claim: dlog.QueuedClaim) -> dlog.Verdicts | None:
-        """Store one asynchronous acceptance; its verdicts, or None when its (client,
+    async def claim(self, claim: dlog.Claim) -> dlog.Verdicts | None:
+        """Store one send request's claim; its verdicts, or None when its (client,
         Idempotency-Key) exists already (nothing of it was written).
 
         The claim is committed even when the awaiting request is cancelled meanwhile (a
@@ -88,7 +89,7 @@ class ClaimBatcher:
     async def _claim(self, batch: Sequence[_Waiting]) -> None:
         try:
             async with pg_connection(self._engine) as conn:
-                found = await dlog.claim_queued(conn, [w.claim for w in batch])
+                found = await dlog.claim_many(conn, [w.claim for w in batch])
         except Exception as exc:
             if len(batch) == 1 or is_database_unavailable(exc):
                 for w in batch:

@@ -175,127 +175,26 @@ class NewDelivery:
     next_attempt_at: dt.datetime | None = None
 
 
-# The columns both send claims (`claim`, `claim_queued`) write.
-_CLAIM_MESSAGE_COLUMNS = (
-    "id, client_id, idempotency_key, fingerprint, state, channel, category, topic, priority, "
-    "expires_at, content_encrypted, metadata, created_at, request_id, response_code, "
-    "completed_at, first_answers"
-)
-_CLAIM_DELIVERY_COLUMNS = (
-    "id, message_id, position, channel, recipient_hash, recipient_encrypted, derived_key, "
-    "status, reason, suppression_id, provider, category, topic, priority_rank, expires_at, "
-    "attempts, next_attempt_at, created_at, updated_at, deferred_since, sender_identity"
-)
-
-# The claim's suppression verdicts, from the suppression package's own query.
-_HITS = suppression.verdicts_sql(
-    channel="$5::text", hashes="$16::text[]", scopes="$24::text[]", now="$12::timestamptz"
-)
-
-_CLAIM = f"""
-WITH hits AS ({_HITS}), m AS (
-    INSERT INTO messages ({_CLAIM_MESSAGE_COLUMNS})
-    VALUES ($1, $2, $3, $4, 'in_progress', $5, $6, $7, $8, $9, $10, $11, $12, $25,
-        NULL, NULL, NULL)
-    ON CONFLICT ON CONSTRAINT uq_messages_client_idempotency_key DO NOTHING
-    RETURNING id
-), d AS (
-    INSERT INTO deliveries ({_CLAIM_DELIVERY_COLUMNS})
-    SELECT u.id, m.id, u.position, $5, u.hash, u.enc, u.key,
-        CASE WHEN h.id IS NULL THEN u.status ELSE 'suppressed' END,
-        CASE WHEN h.id IS NULL THEN u.reason ELSE h.reason END,
-        h.id,
-        CASE WHEN h.id IS NULL THEN u.provider END,
-        $6, $7, $13, $9,
-        CASE WHEN h.id IS NULL AND u.aid IS NOT NULL THEN 1 ELSE 0 END,
-        CASE WHEN h.id IS NULL THEN u.next_at END,
-        $12, $12,
-        CASE WHEN h.id IS NULL AND u.status = 'queued' THEN $12::timestamptz END,
-        $26::text
-    FROM m CROSS JOIN unnest($14::uuid[], $15::int2[], $16::text[], $17::text[],
-        $18::text[], $19::text[], $20::text[], $21::text[], $22::uuid[], $23::timestamptz[])
-        AS u(id, position, hash, enc, key, status, reason, provider, aid, next_at)
-    LEFT JOIN hits h ON h.address_hash = u.hash
-    RETURNING id, status, reason, suppression_id
-), a AS (
-    INSERT INTO attempts (id, delivery_id, number, status, provider, started_at, request_id)
-    SELECT u.aid, u.id, 1, 'in_progress', u.provider, $12, $25
-    FROM m CROSS JOIN unnest($14::uuid[], $22::uuid[], $21::text[], $16::text[])
-        AS u(id, aid, provider, hash)
-    WHERE u.aid IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM hits h WHERE h.address_hash = u.hash)
-    RETURNING 1
-)
-SELECT d.id, d.status, d.reason, h.scope, (SELECT count(*) FROM a) AS attempts
-FROM d LEFT JOIN hits h ON h.id = d.suppression_id
-"""
-
-
-async def claim(
-    conn: Pg,
-    message: NewMessage,
-    deliveries: Sequence[NewDelivery],
-    *,
-    priority_rank: int,
-    now: dt.datetime,
-    request_id: str | None = None,
-) -> dict[uuid.UUID, tuple[str, str | None, str | None]] | None:
-    """Check the suppression list and insert the message, its deliveries and their first
-    attempts, in one statement (one snapshot: an entry committed before it counts).
-
-    Returns each delivery's (status, reason, suppression scope), `suppressed` ones with the
-    entry's reason and scope and no attempt; None when (client, Idempotency-Key) exists
-    already: nothing was written. `request_id` (the HTTP request's id) is stored on the
-    message and its first attempts. (An asynchronous acceptance claims with `claim_queued`.)
-    """
-    rows = await conn.fetch(
-        _CLAIM,
-        message.id,
-        message.client_id,
-        message.idempotency_key,
-        message.fingerprint,
-        message.channel,
-        message.category,
-        message.topic,
-        message.priority,
-        message.expires_at,
-        message.content_encrypted,
-        jsonb(message.metadata),
-        now,
-        priority_rank,
-        [d.id for d in deliveries],
-        [d.position for d in deliveries],
-        [d.recipient_hash for d in deliveries],
-        [d.recipient_encrypted for d in deliveries],
-        [d.derived_key for d in deliveries],
-        [d.status for d in deliveries],
-        [d.reason for d in deliveries],
-        [d.provider for d in deliveries],
-        [d.attempt_id for d in deliveries],
-        [d.next_attempt_at for d in deliveries],
-        suppression.scopes_for(message.category, message.topic),
-        request_id,
-        message.sender_identity,
-    )
-    if not rows:
-        return None
-    return {r["id"]: (r["status"], r["reason"], r["scope"]) for r in rows}
-
-
 # (status, reason, suppression scope) of each delivery a claim wrote, by delivery id.
 Verdicts = dict[uuid.UUID, tuple[str, str | None, str | None]]
 
 
 @dataclass(frozen=True, slots=True)
-class QueuedClaim:
-    """One asynchronous acceptance for `claim_queued`: a message and its deliveries, each
-    `queued` (with its `reason` and `next_attempt_at`) unless its verdict suppresses it."""
+class Claim:
+    """One send request's claim for `claim_many`: its message and deliveries.
+
+    `complete` (asynchronous acceptance, every delivery `queued`): the message is stored
+    `completed` at once with status code 202 and its first answers (each delivery `queued`
+    or `suppressed`), so a replay returns the same answer and nothing else has to be written
+    before it is given. Otherwise the message is `in_progress` until `record` completes it.
+    """
 
     message: NewMessage
     deliveries: Sequence[NewDelivery]
     priority_rank: int
     now: dt.datetime
     request_id: str | None = None
+    complete: bool = False
 
 
 _VERDICT = suppression.verdict_sql(
@@ -305,66 +204,89 @@ _VERDICT = suppression.verdict_sql(
     now="mu.at",
 )
 
-# The asynchronous acceptance's claim, for many messages at once: `claim`'s rows, each
-# message stored `completed` with its 202 answer (its first answers, every delivery `queued`
-# or `suppressed`), so a replay returns the same answer and nothing else has to be written
-# before it is given. A message whose (client, Idempotency-Key) exists already (or repeats
-# an earlier one of the same batch) inserts nothing, and its deliveries are not written
-# either. Messages are inserted in key order, so two batches waiting on each other's keys
-# cannot deadlock.
-_CLAIM_QUEUED = f"""
+# Several send requests' claims in one statement. A message whose (client, Idempotency-Key)
+# exists already (or repeats an earlier one of the same statement) inserts nothing, and
+# neither its deliveries nor their attempts are written. Messages are inserted in key order,
+# so two statements waiting on each other's keys cannot deadlock.
+_CLAIM_MANY = f"""
 WITH mu AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[],
         $6::text[], $7::text[], $8::text[], $9::timestamptz[], $10::text[], $11::text[],
-        $12::timestamptz[], $13::int2[], $14::text[], $15::text[], $16::text[])
+        $12::timestamptz[], $13::int2[], $14::text[], $15::text[], $16::text[], $17::bool[])
         WITH ORDINALITY AS mu(id, client_id, idempotency_key, fingerprint, channel, category,
             topic, priority, expires_at, content, metadata, at, rank, request_id, identity,
-            topic_scope, ord)
+            topic_scope, complete, ord)
 ), du AS (
     SELECT u.*, mu.id AS message_id, s.id AS sid, s.reason AS sreason, s.scope AS sscope
-    FROM unnest($17::int8[], $18::uuid[], $19::int2[], $20::text[], $21::text[], $22::text[],
-        $23::text[], $24::timestamptz[]) AS u(ord, id, position, hash, enc, key, reason, next_at)
+    FROM unnest($18::int8[], $19::uuid[], $20::int2[], $21::text[], $22::text[], $23::text[],
+        $24::text[], $25::text[], $26::text[], $27::uuid[], $28::timestamptz[])
+        AS u(ord, id, position, hash, enc, key, status, reason, provider, aid, next_at)
     JOIN mu ON mu.ord = u.ord
     LEFT JOIN LATERAL ({_VERDICT}) AS s ON true
 ), m AS (
-    INSERT INTO messages ({_CLAIM_MESSAGE_COLUMNS})
-    SELECT mu.id, mu.client_id, mu.idempotency_key, mu.fingerprint, 'completed', mu.channel,
+    INSERT INTO messages (id, client_id, idempotency_key, fingerprint, state, channel,
+        category, topic, priority, expires_at, content_encrypted, metadata, created_at,
+        request_id, response_code, completed_at, first_answers)
+    SELECT mu.id, mu.client_id, mu.idempotency_key, mu.fingerprint,
+        CASE WHEN mu.complete THEN 'completed' ELSE 'in_progress' END, mu.channel,
         mu.category, mu.topic, mu.priority, mu.expires_at, mu.content, mu.metadata::jsonb,
-        mu.at, mu.request_id, 202, mu.at,
-        (SELECT jsonb_agg(jsonb_build_object('id', du.id,
-            'status', CASE WHEN du.sid IS NULL THEN 'queued' ELSE 'suppressed' END,
+        mu.at, mu.request_id,
+        CASE WHEN mu.complete THEN 202 END,
+        CASE WHEN mu.complete THEN mu.at END,
+        CASE WHEN mu.complete THEN (SELECT jsonb_agg(jsonb_build_object('id', du.id,
+            'status', CASE WHEN du.sid IS NULL THEN du.status ELSE 'suppressed' END,
             'reason', CASE WHEN du.sid IS NULL THEN du.reason ELSE du.sreason END)
-            ORDER BY du.position) FROM du WHERE du.ord = mu.ord)
+            ORDER BY du.position) FROM du WHERE du.ord = mu.ord) END
     FROM mu ORDER BY mu.client_id, mu.idempotency_key
     ON CONFLICT ON CONSTRAINT uq_messages_client_idempotency_key DO NOTHING
     RETURNING id
 ), d AS (
-    INSERT INTO deliveries ({_CLAIM_DELIVERY_COLUMNS})
+    INSERT INTO deliveries (id, message_id, position, channel, recipient_hash,
+        recipient_encrypted, derived_key, status, reason, suppression_id, provider,
+        category, topic, priority_rank, expires_at, attempts, next_attempt_at,
+        created_at, updated_at, deferred_since, sender_identity)
     SELECT du.id, du.message_id, du.position, mu.channel, du.hash, du.enc, du.key,
-        CASE WHEN du.sid IS NULL THEN 'queued' ELSE 'suppressed' END,
+        CASE WHEN du.sid IS NULL THEN du.status ELSE 'suppressed' END,
         CASE WHEN du.sid IS NULL THEN du.reason ELSE du.sreason END,
-        du.sid, NULL, mu.category, mu.topic, mu.rank, mu.expires_at, 0,
+        du.sid,
+        CASE WHEN du.sid IS NULL THEN du.provider END,
+        mu.category, mu.topic, mu.rank, mu.expires_at,
+        CASE WHEN du.sid IS NULL AND du.aid IS NOT NULL THEN 1 ELSE 0 END,
         CASE WHEN du.sid IS NULL THEN du.next_at END,
-        mu.at, mu.at, CASE WHEN du.sid IS NULL THEN mu.at END, mu.identity
+        mu.at, mu.at,
+        CASE WHEN du.sid IS NULL AND du.status = 'queued' THEN mu.at END,
+        mu.identity
     FROM du JOIN mu ON mu.ord = du.ord JOIN m ON m.id = du.message_id
     RETURNING id, status, reason
+), a AS (
+    INSERT INTO attempts (id, delivery_id, number, status, provider, started_at, request_id)
+    SELECT du.aid, du.id, 1, 'in_progress', du.provider, mu.at, mu.request_id
+    FROM du JOIN mu ON mu.ord = du.ord JOIN m ON m.id = du.message_id
+    WHERE du.aid IS NOT NULL AND du.sid IS NULL
+    RETURNING 1
 )
-SELECT du.ord, d.id, d.status, d.reason, du.sscope FROM d JOIN du ON du.id = d.id
+SELECT du.ord, d.id, d.status, d.reason, du.sscope, (SELECT count(*) FROM a)
+FROM d JOIN du ON du.id = d.id
 """
 
 
-async def claim_queued(conn: Pg, claims: Sequence[QueuedClaim]) -> list[Verdicts | None]:
-    """The claims of several asynchronous acceptances in one statement (one round trip and
-    one commit for all of them): each message is stored `completed` with its
-    202 answer, each delivery `queued` or `suppressed` by its verdict.
+async def claim_many(conn: Pg, claims: Sequence[Claim]) -> list[Verdicts | None]:
+    """Check the suppression list and insert several send requests' messages, their
+    deliveries and their first attempts, in one statement (one snapshot: an entry committed
+    before it counts; one round trip and one commit for all of them).
 
-    Returns, in the order of `claims`, each one's verdicts, or None when its (client,
+    A delivery is `sending` with its first attempt `in_progress` (`attempt_id` set), or
+    `queued` (not called yet); the claim makes it `suppressed` instead, with no attempt, when
+    an entry stops its recipient. Returns, in the order of `claims`, each one's verdicts
+    (status, reason, suppression scope per delivery), or None when its (client,
     Idempotency-Key) existed already (or an earlier claim of the same call had it): nothing
-    of it was written. Every delivery must be `queued` without an attempt.
+    of it was written. `request_id` (the HTTP request's id) is stored on the message and its
+    first attempts.
     """
     messages = [c.message for c in claims]
+    news = [d for c in claims for d in c.deliveries]
     rows = await conn.fetch(
-        _CLAIM_QUEUED,
+        _CLAIM_MANY,
         [m.id for m in messages],
         [m.client_id for m in messages],
         [m.idempotency_key for m in messages],
@@ -381,14 +303,18 @@ async def claim_queued(conn: Pg, claims: Sequence[QueuedClaim]) -> list[Verdicts
         [c.request_id for c in claims],
         [m.sender_identity for m in messages],
         [suppression.topic_scope(m.category, m.topic) for m in messages],
+        [c.complete for c in claims],
         [i for i, c in enumerate(claims, 1) for _ in c.deliveries],
-        [d.id for c in claims for d in c.deliveries],
-        [d.position for c in claims for d in c.deliveries],
-        [d.recipient_hash for c in claims for d in c.deliveries],
-        [d.recipient_encrypted for c in claims for d in c.deliveries],
-        [d.derived_key for c in claims for d in c.deliveries],
-        [d.reason for c in claims for d in c.deliveries],
-        [d.next_attempt_at for c in claims for d in c.deliveries],
+        [d.id for d in news],
+        [d.position for d in news],
+        [d.recipient_hash for d in news],
+        [d.recipient_encrypted for d in news],
+        [d.derived_key for d in news],
+        [d.status for d in news],
+        [d.reason for d in news],
+        [d.provider for d in news],
+        [d.attempt_id for d in news],
+        [d.next_attempt_at for d in news],
     )
     found: list[Verdicts | None] = [None] * len(claims)
     for r in rows:

@@ -134,7 +134,7 @@ class SendService:
         self.config = dispatcher.config
         self.events_of = events_of
         self.on_queued = on_queued
-        # Concurrent asynchronous acceptances share one statement (group commit).
+        # Concurrent send requests share their claim statement (group commit).
         self._claims = ClaimBatcher(dispatcher.engine)
 
     # -- POST /v1/messages ------------------------------------------------------------------
@@ -252,16 +252,17 @@ class SendService:
                 else:
                     news.append(new(status=st.QUEUED, next_attempt_at=safety_net))
                 calls.append(call)
-        async with pg_connection(self.dispatcher.engine) as conn:
-            verdicts = await dlog.claim(
-                conn,
+        verdicts = await self._claims.claim(
+            dlog.Claim(
                 message,
                 news,
                 priority_rank=st.PRIORITY_RANK[request.priority],
                 now=now,
                 request_id=current_request_id(),
             )
-            if verdicts is None:
+        )
+        if verdicts is None:
+            async with pg_connection(self.dispatcher.engine) as conn:
                 return await self._duplicate(conn, client_id, idempotency_key, message.fingerprint)
         for status, reason, scope in verdicts.values():
             if status == st.SUPPRESSED:
@@ -294,8 +295,8 @@ class SendService:
         sendable: bool,
         now: dt.datetime,
     ) -> SendAnswer:
-        """Asynchronous acceptance: one statement (`sender.log.claim_queued`, shared with the
-        concurrent acceptances of this process by the `ClaimBatcher`) stores the message
+        """Asynchronous acceptance: one statement (`sender.log.claim_many`, shared with the
+        concurrent claims of this process by the `ClaimBatcher`) stores the message
         completed with its 202 answer and each delivery `queued` due now, or `suppressed` by
         its verdict (final at once). No limiter token is taken and no
         provider is called here: the workers claim the queued deliveries by priority and
@@ -330,12 +331,13 @@ class SendService:
             for r, h in zip(recipients, hashes, strict=True)
         ]
         verdicts = await self._claims.claim(
-            dlog.QueuedClaim(
+            dlog.Claim(
                 message,
                 news,
                 priority_rank=st.PRIORITY_RANK[message.priority],
                 now=now,
                 request_id=current_request_id(),
+                complete=True,
             )
         )
         if verdicts is None:

@@ -1,10 +1,11 @@
 """Group commit of asynchronous acceptances (`sender.batching.ClaimBatcher` over
-`sender.log.claim_queued`): concurrent `respond-async` requests share statements, and each
+`sender.log.claim_many`): concurrent `respond-async` requests share statements, and each
 still gets exactly its own answer, its own idempotency and its own errors."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import uuid
 from typing import Any
@@ -19,6 +20,7 @@ from suppression import service as suppression
 from suppression.db import pg_connection, utcnow
 from suppression.normalize import normalize
 from tests.sender.helpers import Gateway, delivery, sms, suppress_sms
+from tests.stubs.twilio_stub import TwilioStub
 
 ASYNC = {"Prefer": "respond-async"}
 
@@ -32,7 +34,7 @@ def _claim(
     category: str = "transactional",
     topic: str | None = None,
     fingerprint: str = "f" * 64,
-) -> dlog.QueuedClaim:
+) -> dlog.Claim:
     protector = gw.services.protector
     now = utcnow()
     message = dlog.NewMessage(
@@ -57,7 +59,7 @@ def _claim(
         status="queued",
         next_attempt_at=now,
     )
-    return dlog.QueuedClaim(message, [new], priority_rank=1, now=now)
+    return dlog.Claim(message, [new], priority_rank=1, now=now, complete=True)
 
 
 async def _xmins(gw: Gateway, ids: list[Any]) -> int:
@@ -142,7 +144,7 @@ async def test_duplicate_keys_within_one_statement(providers_gateway: Gateway) -
     again = _claim(gw, "+14155550301", client_id=client, key="k")
     elsewhere = _claim(gw, "+14155550302", client_id=uuid.uuid4(), key="k")
     async with pg_connection(gw.services.engine) as conn:
-        found = await dlog.claim_queued(conn, [first, again, elsewhere])
+        found = await dlog.claim_many(conn, [first, again, elsewhere])
         assert found[0] == {first.deliveries[0].id: ("queued", None, None)}
         assert found[1] is None
         assert found[2] == {elsewhere.deliveries[0].id: ("queued", None, None)}
@@ -181,7 +183,7 @@ async def test_verdicts_per_message_follow_category_and_topic(
     claim = _claim(gw, number, client_id=client, category=category, topic=topic)
     neighbour = _claim(gw, "+14155550401", client_id=client, category="marketing", topic="news")
     async with pg_connection(gw.services.engine) as conn:
-        found = await dlog.claim_queued(conn, [neighbour, claim])
+        found = await dlog.claim_many(conn, [neighbour, claim])
     verdict = found[1]
     assert verdict is not None
     status, reason, scope = verdict[claim.deliveries[0].id]
@@ -213,3 +215,68 @@ async def test_a_request_cancelled_while_waiting_still_has_its_claim_stored(
     else:
         pytest.fail("the claim of the cancelled request was not stored")
     assert (await delivery(gw.services, claim.deliveries[0].id)).status == "queued"
+
+
+async def test_synchronous_and_asynchronous_claims_in_one_statement(
+    providers_gateway: Gateway,
+) -> None:
+    """A synchronous send's claim (first attempt `in_progress`, message `in_progress`) and
+    an asynchronous one (message completed with its 202 answer) written together; a
+    suppressed recipient gets no attempt."""
+    gw = providers_gateway
+    await suppress_sms(gw.services, "+15005550009")
+    client = uuid.uuid4()
+    asynchronous = _claim(gw, "+14155550700", client_id=client)
+    base = _claim(gw, "+14155550701", client_id=client)
+    stopped = _claim(gw, "+15005550009", client_id=client)
+    sending = dataclasses.replace(
+        base.deliveries[0], status="sending", provider="twilio", attempt_id=uuid.uuid4()
+    )
+    synchronous = dataclasses.replace(
+        base,
+        deliveries=[sending, dataclasses.replace(stopped.deliveries[0], position=1)],
+        complete=False,
+    )
+    async with pg_connection(gw.services.engine) as conn:
+        found = await dlog.claim_many(conn, [asynchronous, synchronous])
+        assert found[0] == {asynchronous.deliveries[0].id: ("queued", None, None)}
+        assert found[1] == {
+            sending.id: ("sending", None, None),
+            stopped.deliveries[0].id: ("suppressed", "sms_stop", "all"),
+        }
+        done = await dlog.message(conn, asynchronous.message.id)
+        assert done is not None and (done.state, done.response_code) == ("completed", 202)
+        assert [a["status"] for a in done.first_answers or []] == ["queued"]
+        open_ = await dlog.message(conn, synchronous.message.id)
+        assert open_ is not None and (open_.state, open_.response_code) == ("in_progress", None)
+        assert open_.first_answers is None
+        attempts = await dlog.attempts_of(conn, [sending.id, stopped.deliveries[0].id])
+    assert [(a.delivery_id, a.number, a.status) for a in attempts] == [
+        (sending.id, 1, "in_progress")
+    ]
+    assert attempts[0].id == sending.attempt_id
+    assert (await delivery(gw.services, sending.id)).attempts == 1
+
+
+async def test_concurrent_synchronous_sends_each_get_their_own_answer(
+    providers_gateway: Gateway, twilio_stub: TwilioStub
+) -> None:
+    gw = providers_gateway
+    await suppress_sms(gw.services, "+15005550009")
+    numbers = [f"+1415555{i:04d}" for i in range(11)] + ["+15005550009"]
+    answers = await asyncio.gather(
+        *(gw.send(sms([n]), key=f"sync-{i}") for i, n in enumerate(numbers)),
+        gw.send(sms([numbers[0]]), key="sync-0"),  # the same key again, at the same time
+    )
+    *firsts, repeat = answers
+    assert [a.status_code for a in firsts] == [201] * len(numbers)
+    # The repeat came while the first was in flight (409) or after it (its stored answer).
+    assert repeat.status_code == 409 or (
+        repeat.status_code == 201 and repeat.json() == firsts[0].json()
+    )
+    for number, answer in zip(numbers, firsts, strict=True):
+        (one,) = answer.json()["deliveries"]
+        expected = "suppressed" if number == "+15005550009" else "sent"
+        assert (one["to"], one["status"]) == (number, expected)
+    # One provider call per recipient that was not suppressed, whatever the repeat did.
+    assert twilio_stub.count == len(numbers) - 1
