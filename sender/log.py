@@ -10,10 +10,10 @@ sessions: the hot paths are budgets of round trips (see DESIGN "Hot paths are bu
 Most operations are one statement and so atomic without BEGIN/COMMIT; functions that take a
 `conn` run inside whatever transaction the caller opened on it.
 
-The send path in round trips: the suppression check (one statement), `claim` (message,
-deliveries with their verdicts and first attempts `in_progress`, one statement, committed
-before any provider call), the provider calls, then `record` (attempts, deliveries and the
-message's completion, one statement).
+The send path in round trips: `claim_many` (message, deliveries with their suppression
+verdicts and first attempts `in_progress`, one statement shared with the concurrent
+requests of the process, committed before any provider call), the provider calls, then
+`record` (attempts, deliveries and the message's completion, one statement).
 """
 
 from __future__ import annotations

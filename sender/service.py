@@ -5,7 +5,8 @@ Flow of `POST /v1/messages` (DESIGN flow 1), in round trips:
 1. Validate and normalize every recipient; any invalid one -> 422 naming it, nothing stored.
 2. The breaker and the rate limiter for all recipients at once (in process, or one Redis
    call per rate-limit key).
-3. One statement, the claim (`sender.log.claim`): the suppression verdicts, the message
+3. One statement, the claim (`sender.log.claim_many`, shared with the concurrent requests
+   of this process by `sender.batching.ClaimBatcher`): the suppression verdicts, the message
    (INSERT ... ON CONFLICT DO NOTHING on (client, Idempotency-Key)), one delivery per
    recipient (`suppressed`, `queued` when deferred by step 2, else `sending`) and the first
    attempt of each sending one written `in_progress`. A conflict is a duplicate: different
