@@ -499,7 +499,7 @@ class Dispatcher:
                 async with conn.transaction():
                     recorded = await dlog.record(conn, outcomes, now=now, complete=complete)
                     for call, verdict, outcome in effects:
-                        if call.delivery_id in recorded.applied:
+                        if call.delivery_id in recorded.settled:
                             await self._effect(conn, call, verdict, outcome, now)
                     if begin:
                         begun = await dlog.begin_first_attempts(

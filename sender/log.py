@@ -22,7 +22,7 @@ import datetime as dt
 import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from retry import dlq
@@ -396,8 +396,9 @@ class Outcome:
 class Recorded:
     """What `record` changed and what the message's deliveries look like now."""
 
-    # Deliveries whose status this record set (the others had moved on already).
-    applied: frozenset[uuid.UUID]
+    # The status this record set on each delivery whose status it set (the others had
+    # moved on already).
+    settled: Mapping[uuid.UUID, str]
     # Deliveries that have feedback parked for them (`note_parked`), to be applied now.
     parked: frozenset[uuid.UUID]
     # Every delivery of the message (id, status, reason) in request order, when completing.
@@ -408,8 +409,6 @@ class Recorded:
     # Of the deliveries `begin_first_attempts` was asked to start in the same transaction,
     # those whose attempt it wrote (filled in by the caller).
     begun: frozenset[uuid.UUID] = frozenset()
-    # The status this record set on each delivery of `applied`.
-    settled: Mapping[uuid.UUID, str] = field(default_factory=dict)
 
 
 _DEFERRED_SQL = "'" + "','".join(sorted(st.DEFERRED)) + "'"
@@ -507,7 +506,6 @@ async def record(
         [x.next_attempt_at for x in o],
         complete,
     )
-    applied: set[uuid.UUID] = set()
     parked: set[uuid.UUID] = set()
     answers: list[tuple[uuid.UUID, str, str | None]] = []
     settled: dict[uuid.UUID, str] = {}
@@ -515,7 +513,6 @@ async def record(
     for row in rows:
         kind = row["kind"]
         if kind == "d":
-            applied.add(row["id"])
             settled[row["id"]] = row["status"]
             if row["parked"]:
                 parked.add(row["id"])
@@ -523,7 +520,7 @@ async def record(
             answers.append((row["id"], row["status"], row["reason"]))
         elif kind == "m":
             code = row["code"]
-    return Recorded(frozenset(applied), frozenset(parked), answers, code, settled=settled)
+    return Recorded(settled, frozenset(parked), answers, code)
 
 
 # -- the worker's dispatch --------------------------------------------------------------------
